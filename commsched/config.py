@@ -1,0 +1,238 @@
+"""Every knob of commsched, declared once, parsed and validated in one place.
+
+Precedence: keyword arguments > ``COMMSCHED_*`` environment variables > the YAML file named by
+``COMMSCHED_CONFIG`` > Horovod's own twin variable (``HOROVOD_FUSION_THRESHOLD``,
+``HOROVOD_CYCLE_TIME``) > the default. A bad value raises :class:`ConfigError` naming where it came
+from, the value, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "COMMSCHED_"
+
+
+class ConfigError(ValueError):
+    """A knob has a value that is not allowed."""
+
+
+class Policy(str, enum.Enum):
+    HOROVOD = "horovod"
+    DDP = "ddp"
+    MGWFBP = "mgwfbp"
+
+
+class Kind(enum.Enum):
+    BYTES = "a byte size: an integer or a number with a unit B, KB, MB, GB, KiB, MiB, GiB"
+    SECONDS = "a number of seconds"
+    MILLISECONDS = "a number of milliseconds"
+    COUNT = "a whole number"
+    FLOAT = "a number"
+    CHOICE = "one of"
+    PATH = "a file path (empty for none)"
+
+
+@dataclass(frozen=True)
+class Knob:
+    key: str
+    kind: Kind
+    default: Any
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    horovod_twin: str | None = None
+    exclusive_minimum: bool = False
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    def allowed(self) -> str:
+        if self.kind is Kind.CHOICE:
+            return "one of " + ", ".join(self.choices)
+        bounds = []
+        if self.minimum is not None:
+            bounds.append(("> " if self.exclusive_minimum else ">= ") + _fmt(self.minimum))
+        if self.maximum is not None:
+            bounds.append("<= " + _fmt(self.maximum))
+        return self.kind.value + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+MiB = 1 << 20
+KNOBS: tuple[Knob, ...] = (
+    Knob("policy", Kind.CHOICE, Policy.HOROVOD.value, "Scheduling policy.",
+         choices=tuple(p.value for p in Policy)),
+    Knob("timeout", Kind.SECONDS, 300.0, "Limit of every wait (collectives, bootstrap, flush); "
+         "its error names the blocks and tensors that were not ready.", minimum=0,
+         exclusive_minimum=True, maximum=7 * 24 * 3600),
+    Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod` policy: most bytes fused into one "
+         "collective (0 disables fusion).", minimum=0, maximum=1 << 40,
+         horovod_twin="HOROVOD_FUSION_THRESHOLD"),
+    Knob("cycle_time", Kind.MILLISECONDS, 1.0, "`horovod` policy: tensors that become ready within "
+         "one cycle are fused together.", minimum=0, maximum=60_000,
+         horovod_twin="HOROVOD_CYCLE_TIME"),
+    Knob("bucket_bytes", Kind.BYTES, 25 * MiB, "`ddp` policy: bucket capacity.", minimum=1,
+         maximum=1 << 40),
+    Knob("first_bucket_bytes", Kind.BYTES, 1 * MiB, "`ddp` policy: capacity of the first bucket.",
+         minimum=1, maximum=1 << 40),
+    Knob("profile_steps", Kind.COUNT, 5, "Steps run with one collective per tensor while the "
+         "profiler records ready times and collective timings; the policy's plan is built after "
+         "them (`ddp` rebuilds after its first step instead).", minimum=0, maximum=10_000),
+    Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
+         "fitted from the profiled collectives.", minimum=0, maximum=10),
+    Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "
+         "fitted from the profiled collectives.", minimum=0, maximum=1),
+    Knob("timeline", Kind.PATH, "", "Chrome-trace JSON per rank (`{rank}` in the path is replaced, "
+         "else `.rank<N>` is inserted before the extension)."),
+)
+KNOBS_BY_KEY = {k.key: k for k in KNOBS}
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+
+@dataclass(frozen=True)
+class Config:
+    policy: Policy
+    timeout: float
+    fusion_threshold: int
+    cycle_time: float
+    bucket_bytes: int
+    first_bucket_bytes: int
+    profile_steps: int
+    alpha: float | None
+    beta: float | None
+    timeline: str
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["policy"] = self.policy.value
+        return out
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10,
+          "mib": 1 << 20, "gib": 1 << 30}
+_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value.strip():
+        return float(value.strip())
+    raise ValueError("not a number")
+
+
+def _convert(knob: Knob, value: Any) -> Any:
+    if knob.kind is Kind.CHOICE:
+        text = str(value).strip().lower()
+        if text not in knob.choices:
+            raise ValueError("unknown choice")
+        return Policy(text) if knob.key == "policy" else text
+    if knob.kind is Kind.PATH:
+        if not isinstance(value, str):
+            raise ValueError("not a string")
+        return value
+    if knob.kind is Kind.BYTES:
+        if isinstance(value, bool):
+            raise ValueError("a boolean is not a size")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        match = _BYTES_RE.match(str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError("not a byte size")
+        amount = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        if not amount.is_integer():
+            raise ValueError("not a whole number of bytes")
+        return int(amount)
+    if knob.kind is Kind.COUNT:
+        number = _number(value)
+        if not number.is_integer():
+            raise ValueError("not a whole number")
+        return int(number)
+    number = _number(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError("not a finite number")
+    return number
+
+
+def parse_value(knob: Knob, value: Any, source: str) -> Any:
+    """Converts and range-checks one value; `source` says where it came from for the error."""
+    try:
+        result = _convert(knob, value)
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigError(f"{source}={value!r} is invalid: expected {knob.allowed()}") from None
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        too_low = knob.minimum is not None and (
+            result <= knob.minimum if knob.exclusive_minimum else result < knob.minimum)
+        too_high = knob.maximum is not None and result > knob.maximum
+        if too_low or too_high:
+            raise ConfigError(f"{source}={value!r} is out of range: expected {knob.allowed()}")
+    return result
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as err:
+        raise ConfigError(f"{CONFIG_ENV}={path!r}: cannot read the file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{CONFIG_ENV}={path!r}: not valid YAML ({err})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{CONFIG_ENV}={path!r}: expected a mapping of knob names to values")
+    for key in data:
+        if key not in KNOBS_BY_KEY:
+            raise ConfigError(f"{CONFIG_ENV}={path!r}: unknown key {key!r}; known keys: "
+                              + ", ".join(KNOBS_BY_KEY))
+    return data
+
+
+def load_config(overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> Config:
+    """Resolves every knob by precedence and validates it."""
+    env = os.environ if environ is None else environ
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for key in overrides:
+        if key not in KNOBS_BY_KEY:
+            raise ConfigError(f"unknown keyword argument {key!r}; known: " + ", ".join(KNOBS_BY_KEY))
+    known_env = {k.env for k in KNOBS} | {CONFIG_ENV}
+    for name in env:
+        if name.startswith(ENV_PREFIX) and name not in known_env:
+            raise ConfigError(f"unknown environment variable {name}; known: "
+                              + ", ".join(sorted(known_env)))
+    yaml_path = env.get(CONFIG_ENV, "")
+    from_yaml = _read_yaml(yaml_path) if yaml_path else {}
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        if knob.key in overrides:
+            values[knob.key] = parse_value(knob, overrides[knob.key], f"argument {knob.key}")
+        elif env.get(knob.env, "") != "":
+            values[knob.key] = parse_value(knob, env[knob.env], f"environment variable {knob.env}")
+        elif knob.key in from_yaml:
+            values[knob.key] = parse_value(knob, from_yaml[knob.key],
+                                           f"YAML key {knob.key!r} in {yaml_path}")
+        elif knob.horovod_twin and env.get(knob.horovod_twin, "") != "":
+            values[knob.key] = parse_value(knob, env[knob.horovod_twin],
+                                           f"environment variable {knob.horovod_twin}")
+        else:
+            values[knob.key] = knob.default
+    return Config(**values)

@@ -1,0 +1,36 @@
+"""Planners: pure functions from (policy, tensor specs, profile, network model, config) to a Plan.
+
+One module per policy; no processes, no torch.distributed.
+"""
+
+from __future__ import annotations
+
+from ..config import Config, Policy
+from .ddp import plan_ddp
+from .horovod import plan_horovod
+from .mgwfbp import plan_mgwfbp
+from .types import Block, Collective, NetModel, Piece, Plan, Profile, Stage, TensorSpec
+from .units import layerwise
+
+PROFILING_POLICY = "layerwise"
+
+
+def make_plan(policy: Policy, specs: list[TensorSpec], profile: Profile, net: NetModel,
+              cfg: Config) -> Plan:
+    if policy is Policy.HOROVOD:
+        blocks = plan_horovod(specs, profile, cfg)
+    elif policy is Policy.DDP:
+        blocks = plan_ddp(specs, profile, cfg)
+    elif policy is Policy.MGWFBP:
+        blocks = plan_mgwfbp(specs, profile, net, cfg)
+    else:  # pragma: no cover - Policy is closed
+        raise ValueError(f"no planner for policy {policy!r}")
+    return Plan(policy.value, blocks)
+
+
+def make_profiling_plan(specs: list[TensorSpec], profile: Profile) -> Plan:
+    return Plan(PROFILING_POLICY, layerwise(specs, profile))
+
+
+__all__ = ["Block", "Collective", "NetModel", "Piece", "Plan", "Profile", "Stage", "TensorSpec",
+           "make_plan", "make_profiling_plan", "PROFILING_POLICY"]

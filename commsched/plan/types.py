@@ -1,0 +1,99 @@
+"""The data a planner reads (tensor specs, profile, network model) and the plan it returns."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+
+class Collective(enum.IntEnum):
+    """Values match commsched._C's Collective codes."""
+
+    ALLREDUCE = 0
+
+
+class Stage(str, enum.Enum):
+    BACKWARD = "backward"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One gradient to reduce. `forward_index` is its priority: smaller is needed sooner."""
+
+    tensor_id: int
+    name: str
+    numel: int
+    dtype: str
+    element_size: int
+    forward_index: int
+    group: int | None = None  # Horovod `groups`: members are always reduced in one block
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+@dataclass(frozen=True)
+class Piece:
+    tensor_id: int
+    offset: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class Block:
+    block_id: int
+    pieces: tuple[Piece, ...]
+    dtype: str
+    op: Collective = Collective.ALLREDUCE
+    stage: Stage = Stage.BACKWARD
+
+
+@dataclass(frozen=True)
+class Plan:
+    policy: str
+    blocks: tuple[Block, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        canonical = [self.policy] + [
+            [b.block_id, int(b.op), b.stage.value, b.dtype,
+             [[p.tensor_id, p.offset, p.numel] for p in b.pieces]]
+            for b in self.blocks
+        ]
+        return hashlib.sha256(json.dumps(canonical).encode()).hexdigest()[:16]
+
+    def tensor_ids(self) -> list[int]:
+        return [p.tensor_id for b in self.blocks for p in b.pieces]
+
+    def block_bytes(self, specs: list[TensorSpec]) -> list[int]:
+        by_id = {s.tensor_id: s for s in specs}
+        return [sum(p.numel * by_id[p.tensor_id].element_size for p in b.pieces)
+                for b in self.blocks]
+
+
+@dataclass(frozen=True)
+class NetModel:
+    """Collective time t(n) = alpha + beta * n for n bytes, as measured on this transport."""
+
+    alpha: float = 1e-4
+    beta: float = 1e-9
+
+    def time(self, nbytes: int) -> float:
+        return self.alpha + self.beta * nbytes
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Profiled ready time of each gradient (seconds from the first one of the iteration).
+
+    `ready_times[i]` belongs to tensor id i. An empty profile means nothing was measured yet.
+    """
+
+    ready_times: tuple[float, ...] = field(default=())
+
+    @property
+    def measured(self) -> bool:
+        return len(self.ready_times) > 0

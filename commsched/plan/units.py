@@ -1,0 +1,69 @@
+"""Shared planning steps: the atomic units every policy arranges, in ready order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .types import Block, Piece, Profile, TensorSpec
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Tensors that must travel together: one tensor, or one dtype slice of a Horovod group."""
+
+    specs: tuple[TensorSpec, ...]
+    ready: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    @property
+    def dtype(self) -> str:
+        return self.specs[0].dtype
+
+    @property
+    def forward_index(self) -> int:
+        return min(s.forward_index for s in self.specs)
+
+
+def ready_time(spec: TensorSpec, profile: Profile) -> float:
+    """Profiled ready time; without a profile every gradient counts as ready at once."""
+    return profile.ready_times[spec.tensor_id] if profile.measured else 0.0
+
+
+def units_in_ready_order(specs: list[TensorSpec], profile: Profile) -> list[Unit]:
+    """Units sorted by ready time; ties (and an empty profile) fall back to reverse forward
+    order, the order autograd usually produces gradients in."""
+    grouped: dict[tuple[int, str], list[TensorSpec]] = {}
+    units: list[Unit] = []
+    for spec in specs:
+        if spec.numel == 0:
+            continue
+        if spec.group is None:
+            units.append(Unit((spec,), ready_time(spec, profile)))
+        else:
+            grouped.setdefault((spec.group, spec.dtype), []).append(spec)
+    for members in grouped.values():
+        ordered = tuple(sorted(members, key=lambda s: -s.forward_index))
+        units.append(Unit(ordered, max(ready_time(s, profile) for s in members)))
+    return sorted(units, key=lambda u: (u.ready, -u.forward_index))
+
+
+def whole_pieces(specs: tuple[TensorSpec, ...] | list[TensorSpec]) -> tuple[Piece, ...]:
+    return tuple(Piece(s.tensor_id, 0, s.numel) for s in specs)
+
+
+def blocks_from_unit_lists(unit_lists: list[list[Unit]]) -> tuple[Block, ...]:
+    """One block per list of units, numbered in plan order."""
+    blocks = []
+    for block_id, units in enumerate(unit_lists):
+        specs = [s for u in units for s in u.specs]
+        blocks.append(Block(block_id, whole_pieces(specs), units[0].dtype))
+    return tuple(blocks)
+
+
+def layerwise(specs: list[TensorSpec], profile: Profile) -> tuple[Block, ...]:
+    """One collective per unit in ready order (WFBP): the profiling plan, and what every
+    policy degenerates to when fusion is off."""
+    return blocks_from_unit_lists([[u] for u in units_in_ready_order(specs, profile)])

@@ -1,0 +1,292 @@
+#include "engine.h"
+
+#include "fusion_buffer.h"
+
+#include <c10/core/StreamGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace commsched {
+
+namespace {
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr size_t kReportLimit = 8;
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Transport> transport, std::vector<std::string> tensor_names,
+               int64_t timeout_ms)
+    : transport_(std::move(transport)),
+      tensor_names_(std::move(tensor_names)),
+      timeout_ms_(timeout_ms) {
+  TORCH_CHECK(transport_, "commsched: Engine needs a transport");
+  TORCH_CHECK(timeout_ms_ > 0, "commsched: timeout must be positive, got ", timeout_ms_, " ms");
+  const auto n = tensor_names_.size();
+  tensor_blocks_.assign(n, {});
+  grads_.assign(n, at::Tensor());
+  ready_events_.assign(n, nullptr);
+  ready_us_.assign(n, -1);
+  engine_thread_ = std::thread([this] { engine_loop(); });
+  completion_thread_ = std::thread([this] { completion_loop(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  if (stop_.exchange(true)) return;
+  ready_queue_.wake_all();
+  flight_cv_.notify_all();
+  done_cv_.notify_all();
+  if (engine_thread_.joinable()) engine_thread_.join();
+  if (completion_thread_.joinable()) completion_thread_.join();
+}
+
+void Engine::install_plan(std::vector<BlockSpec> blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(error_.empty(), "commsched: engine failed earlier: ", error_);
+  bool idle = next_launch_.load() == 0 &&
+              std::all_of(ready_us_.begin(), ready_us_.end(), [](int64_t t) { return t < 0; });
+  TORCH_CHECK(idle, "commsched: a plan can only be installed between iterations");
+  const auto n = static_cast<int64_t>(tensor_names_.size());
+  std::vector<std::vector<int64_t>> tensor_blocks(n);
+  for (size_t pos = 0; pos < blocks.size(); ++pos) {
+    const auto& block = blocks[pos];
+    TORCH_CHECK(!block.pieces.empty(), "commsched: block ", block.block_id, " has no pieces");
+    for (const auto& piece : block.pieces) {
+      TORCH_CHECK(piece.tensor_id >= 0 && piece.tensor_id < n, "commsched: block ",
+                  block.block_id, " names tensor ", piece.tensor_id, " of ", n);
+      TORCH_CHECK(piece.offset >= 0 && piece.numel > 0, "commsched: block ", block.block_id,
+                  " has an empty or negative piece of tensor ", piece.tensor_id);
+      auto& owners = tensor_blocks[piece.tensor_id];
+      if (owners.empty() || owners.back() != static_cast<int64_t>(pos)) owners.push_back(pos);
+    }
+  }
+  plan_ = std::move(blocks);
+  tensor_blocks_ = std::move(tensor_blocks);
+  reset_iteration_locked();
+}
+
+void Engine::reset_iteration_locked() {
+  block_pending_.assign(plan_.size(), 0);
+  for (const auto& owners : tensor_blocks_)
+    for (auto pos : owners) block_pending_[pos] += 1;
+  std::fill(grads_.begin(), grads_.end(), at::Tensor());
+  std::fill(ready_events_.begin(), ready_events_.end(), nullptr);
+  std::fill(ready_us_.begin(), ready_us_.end(), -1);
+  done_events_.assign(plan_.size(), nullptr);
+  launched_.assign(plan_.size(), false);
+  timings_.assign(plan_.size(), BlockTiming{0, 0, -1, -1, -1, 0});
+  next_launch_ = 0;
+  completed_ = 0;
+  ready_queue_.clear();
+  for (size_t pos = 0; pos < plan_.size(); ++pos)
+    if (block_pending_[pos] == 0) ready_queue_.push(pos);  // cannot happen for a valid plan
+}
+
+void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
+  const int64_t ts = now_us();
+  std::vector<int64_t> now_ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK(error_.empty(), "commsched: engine failed earlier: ", error_);
+    TORCH_CHECK(tensor_id >= 0 && tensor_id < static_cast<int64_t>(grads_.size()),
+                "commsched: unknown tensor id ", tensor_id);
+    TORCH_CHECK(ready_us_[tensor_id] < 0, "commsched: gradient of '", tensor_names_[tensor_id],
+                "' was marked ready twice in one iteration");
+    grads_[tensor_id] = grad;
+    ready_events_[tensor_id] = DeviceSync::record_ready(grad);
+    ready_us_[tensor_id] = ts;
+    for (auto pos : tensor_blocks_[tensor_id]) {
+      if (--block_pending_[pos] == 0) {
+        timings_[pos].ready_us = ts;
+        now_ready.push_back(pos);
+      }
+    }
+  }
+  timeline_.instant("ready:" + tensor_names_[tensor_id], 0, ts);
+  for (auto pos : now_ready) ready_queue_.push(pos);
+}
+
+bool Engine::is_ready(int64_t tensor_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(tensor_id >= 0 && tensor_id < static_cast<int64_t>(ready_us_.size()),
+              "commsched: unknown tensor id ", tensor_id);
+  return ready_us_[tensor_id] >= 0;
+}
+
+std::vector<int64_t> Engine::not_ready_tensors() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  for (size_t t = 0; t < ready_us_.size(); ++t)
+    if (ready_us_[t] < 0 && !tensor_blocks_[t].empty()) out.push_back(t);
+  return out;
+}
+
+void Engine::engine_loop() {
+  auto expected = [this] { return next_launch_.load(); };
+  auto stop = [this] { return stopping(); };
+  while (!stopping()) {
+    int64_t position = -1;
+    auto deadline = std::chrono::steady_clock::now() + kPollInterval;
+    if (!ready_queue_.pop_expected(expected, stop, deadline, &position)) continue;
+    try {
+      launch(position);
+    } catch (const std::exception& e) {
+      fail(std::string("launching block ") + std::to_string(plan_[position].block_id) + ": " +
+           e.what());
+    }
+  }
+}
+
+void Engine::launch(int64_t position) {
+  const BlockSpec* block;
+  std::vector<at::Tensor> grads;
+  std::vector<std::shared_ptr<c10::Event>> events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.empty()) return;
+    block = &plan_[position];
+    grads = grads_;
+    for (const auto& piece : block->pieces) events.push_back(ready_events_[piece.tensor_id]);
+    launched_[position] = true;
+    next_launch_ = position + 1;
+  }
+  const int64_t start = now_us();
+  const auto& device = grads[block->pieces[0].tensor_id].device();
+  auto stream = DeviceSync::comm_stream(device);
+  std::optional<c10::StreamGuard> guard;
+  if (stream) {
+    guard.emplace(*stream);
+    for (const auto& event : events) DeviceSync::stream_wait(*stream, event);
+    for (const auto& piece : block->pieces) DeviceSync::record_stream(grads[piece.tensor_id], *stream);
+  }
+  at::Tensor buffer = FusionBuffer::pack(*block, grads);
+  const int64_t packed = now_us();
+  const int64_t bytes = buffer.numel() * static_cast<int64_t>(buffer.element_size());
+  timeline_.span("pack", 1, start, packed, block->block_id, bytes, collective_name(block->op));
+  auto collective = transport_->launch(block->op, buffer);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timings_[position].block_id = block->block_id;
+    timings_[position].bytes = bytes;
+    timings_[position].launch_us = now_us();
+  }
+  {
+    std::lock_guard<std::mutex> lock(flight_mu_);
+    in_flight_.push_back(InFlight{position, buffer, std::move(collective), stream});
+  }
+  flight_cv_.notify_all();
+}
+
+void Engine::completion_loop() {
+  while (true) {
+    InFlight item;
+    {
+      std::unique_lock<std::mutex> lock(flight_mu_);
+      flight_cv_.wait(lock, [this] { return stopping() || !in_flight_.empty(); });
+      if (in_flight_.empty()) return;  // stopping, nothing left
+      item = std::move(in_flight_.front());
+      in_flight_.pop_front();
+    }
+    try {
+      complete(item);
+    } catch (const std::exception& e) {
+      fail(std::string("collective of block ") + std::to_string(plan_[item.position].block_id) +
+           " failed: " + e.what());
+    }
+  }
+}
+
+void Engine::complete(InFlight& item) {
+  const BlockSpec& block = plan_[item.position];
+  std::optional<c10::StreamGuard> guard;
+  if (item.stream) guard.emplace(*item.stream);
+  item.collective->wait(std::chrono::milliseconds(timeout_ms_));
+  const int64_t done = now_us();
+  std::vector<at::Tensor> grads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    grads = grads_;
+  }
+  FusionBuffer::unpack(block, item.buffer, grads);
+  const int64_t unpacked = now_us();
+  auto done_event = DeviceSync::record_on(item.stream);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& timing = timings_[item.position];
+  timing.done_us = done;
+  const int64_t previous_done = item.position > 0 ? timings_[item.position - 1].done_us : -1;
+  timing.service_us = done - std::max(timing.launch_us, previous_done);
+  timeline_.span(collective_name(block.op), 2, timing.launch_us, done, block.block_id,
+                 timing.bytes, collective_name(block.op));
+  timeline_.span("unpack", 2, done, unpacked, block.block_id, timing.bytes,
+                 collective_name(block.op));
+  done_events_[item.position] = done_event;
+  completed_ += 1;
+  done_cv_.notify_all();
+}
+
+void Engine::fail(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = message;
+  }
+  done_cv_.notify_all();
+}
+
+std::string Engine::pending_report() {
+  std::ostringstream out;
+  size_t shown = 0;
+  for (size_t pos = static_cast<size_t>(completed_); pos < plan_.size() && shown < kReportLimit;
+       ++pos, ++shown) {
+    const auto& block = plan_[pos];
+    out << "\n  block " << block.block_id << " (" << collective_name(block.op) << ", position "
+        << pos << "): ";
+    if (launched_[pos]) {
+      out << "launched, collective not finished (a peer rank may be missing or stalled)";
+      continue;
+    }
+    std::vector<std::string> missing;
+    for (const auto& piece : block.pieces)
+      if (ready_us_[piece.tensor_id] < 0) missing.push_back(tensor_names_[piece.tensor_id]);
+    if (missing.empty()) {
+      out << "ready, waiting for earlier blocks";
+    } else {
+      out << "waiting for gradients of ";
+      for (size_t i = 0; i < missing.size() && i < kReportLimit; ++i)
+        out << (i ? ", " : "") << "'" << missing[i] << "'";
+      if (missing.size() > kReportLimit) out << " and " << missing.size() - kReportLimit << " more";
+    }
+  }
+  if (plan_.size() - static_cast<size_t>(completed_) > shown) out << "\n  ... and " << plan_.size() - completed_ - shown << " more blocks";
+  return out.str();
+}
+
+void Engine::wait_all(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool finished = done_cv_.wait_until(lock, deadline, [this] {
+    return !error_.empty() || completed_ == static_cast<int64_t>(plan_.size()) || stopping();
+  });
+  TORCH_CHECK(error_.empty(), "commsched: ", error_);
+  TORCH_CHECK(!stopping(), "commsched: engine was shut down while waiting");
+  TORCH_CHECK(finished, "commsched: timed out after ", timeout_ms / 1000.0,
+              " s (COMMSCHED_TIMEOUT) with ", plan_.size() - completed_, " of ", plan_.size(),
+              " blocks unfinished:", pending_report());
+  for (const auto& event : done_events_) DeviceSync::current_stream_wait(event);
+  last_timings_ = timings_;
+  last_ready_us_ = ready_us_;
+  reset_iteration_locked();
+}
+
+std::vector<int64_t> Engine::last_ready_us() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_ready_us_;
+}
+
+std::vector<BlockTiming> Engine::last_block_timings() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_timings_;
+}
+
+}  // namespace commsched

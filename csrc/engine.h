@@ -1,0 +1,108 @@
+// The engine: executes an installed plan on two background threads.
+//   caller (autograd hook) --mark_ready--> per-piece ready state --> ReadyQueue
+//   engine thread:     pops blocks strictly in plan order, packs, launches the collective
+//   completion thread: waits for each collective in launch order, unpacks, records timings
+// wait_all() blocks the caller (GIL released) until every block is done, or raises an error that
+// names the blocks and tensors that were not ready.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device_sync.h"
+#include "plan_types.h"
+#include "ready_queue.h"
+#include "timeline.h"
+#include "transport.h"
+
+namespace commsched {
+
+// Timings of one block in the last finished iteration, for the profiler (steady clock, us).
+struct BlockTiming {
+  int64_t block_id;
+  int64_t bytes;
+  int64_t ready_us;    // last piece became ready
+  int64_t launch_us;   // collective handed to the transport
+  int64_t done_us;     // collective finished
+  int64_t service_us;  // done - max(launch, previous block's done): time the channel spent on it
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Transport> transport, std::vector<std::string> tensor_names,
+         int64_t timeout_ms);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void install_plan(std::vector<BlockSpec> blocks);
+  void mark_ready(int64_t tensor_id, const at::Tensor& grad);
+  bool is_ready(int64_t tensor_id);
+  std::vector<int64_t> not_ready_tensors();
+  // Waits for every block of the iteration; on success resets the state for the next one.
+  void wait_all(int64_t timeout_ms);
+  std::vector<int64_t> last_ready_us();
+  std::vector<BlockTiming> last_block_timings();
+  Timeline& timeline() { return timeline_; }
+  void shutdown();
+  int64_t world_size() const { return transport_->world_size(); }
+
+ private:
+  struct InFlight {
+    int64_t position;
+    at::Tensor buffer;
+    std::unique_ptr<PendingCollective> collective;
+    std::optional<c10::Stream> stream;
+  };
+
+  void engine_loop();
+  void completion_loop();
+  void launch(int64_t position);
+  void complete(InFlight& item);
+  void fail(const std::string& message);
+  std::string pending_report();
+  void reset_iteration_locked();
+  bool stopping() const { return stop_.load(); }
+
+  std::shared_ptr<Transport> transport_;
+  std::vector<std::string> tensor_names_;
+  int64_t timeout_ms_;
+  Timeline timeline_;
+
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::vector<BlockSpec> plan_;
+  std::vector<std::vector<int64_t>> tensor_blocks_;  // tensor id -> plan positions holding it
+  std::vector<int64_t> block_pending_;                // tensors of the block not yet ready
+  std::vector<at::Tensor> grads_;
+  std::vector<std::shared_ptr<c10::Event>> ready_events_;
+  std::vector<int64_t> ready_us_;                     // -1: not ready in this iteration
+  std::vector<std::shared_ptr<c10::Event>> done_events_;
+  std::vector<BlockTiming> timings_;
+  std::vector<BlockTiming> last_timings_;
+  std::vector<int64_t> last_ready_us_;
+  std::vector<bool> launched_;
+  std::atomic<int64_t> next_launch_{0};  // read by the ready queue without mu_
+  int64_t completed_ = 0;
+  std::string error_;
+
+  ReadyQueue ready_queue_;
+  std::mutex flight_mu_;
+  std::condition_variable flight_cv_;
+  std::deque<InFlight> in_flight_;
+
+  std::atomic<bool> stop_{false};
+  std::thread engine_thread_;
+  std::thread completion_thread_;
+};
+
+}  // namespace commsched

@@ -1,0 +1,63 @@
+#include "fusion_buffer.h"
+
+#include <c10/util/Exception.h>
+
+namespace commsched {
+
+namespace {
+at::Tensor piece_view(const at::Tensor& grad, const PieceSpec& piece) {
+  if (piece.offset == 0 && piece.numel == grad.numel()) return grad;
+  TORCH_CHECK(grad.is_contiguous(), "commsched: a partitioned gradient must be contiguous (tensor ",
+              piece.tensor_id, ")");
+  return grad.view(-1).narrow(0, piece.offset, piece.numel);
+}
+}  // namespace
+
+int64_t FusionBuffer::numel(const BlockSpec& block) {
+  int64_t total = 0;
+  for (const auto& piece : block.pieces) total += piece.numel;
+  return total;
+}
+
+bool FusionBuffer::is_zero_copy(const BlockSpec& block, const std::vector<at::Tensor>& grads) {
+  if (block.pieces.size() != 1) return false;
+  const auto& piece = block.pieces[0];
+  const auto& grad = grads[piece.tensor_id];
+  return piece.offset == 0 && piece.numel == grad.numel() && grad.is_contiguous() &&
+         grad.scalar_type() == block.wire_dtype;
+}
+
+at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tensor>& grads) {
+  TORCH_INTERNAL_ASSERT(!block.pieces.empty(), "block ", block.block_id, " has no pieces");
+  at::Tensor buffer;
+  if (is_zero_copy(block, grads)) {
+    buffer = grads[block.pieces[0].tensor_id];
+  } else {
+    const auto& first = grads[block.pieces[0].tensor_id];
+    buffer = at::empty({numel(block)}, first.options().dtype(block.wire_dtype));
+    int64_t pos = 0;
+    for (const auto& piece : block.pieces) {
+      const auto& grad = grads[piece.tensor_id];
+      TORCH_INTERNAL_ASSERT(grad.defined(), "gradient ", piece.tensor_id, " missing at pack");
+      buffer.narrow(0, pos, piece.numel).view(piece_view(grad, piece).sizes())
+          .copy_(piece_view(grad, piece));
+      pos += piece.numel;
+    }
+  }
+  if (block.prescale != 1.0) buffer.mul_(block.prescale);
+  return buffer;
+}
+
+void FusionBuffer::unpack(const BlockSpec& block, const at::Tensor& buffer,
+                          const std::vector<at::Tensor>& grads) {
+  if (block.postscale != 1.0) buffer.mul_(block.postscale);
+  if (is_zero_copy(block, grads)) return;
+  int64_t pos = 0;
+  for (const auto& piece : block.pieces) {
+    auto target = piece_view(grads[piece.tensor_id], piece);
+    target.copy_(buffer.narrow(0, pos, piece.numel).view(target.sizes()));
+    pos += piece.numel;
+  }
+}
+
+}  // namespace commsched

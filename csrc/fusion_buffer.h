@@ -1,0 +1,26 @@
+// Packs a block's pieces into one flat buffer of the wire dtype and unpacks the reduced result
+// back into the gradients. ATen ops only, so the same code runs on CPU and CUDA.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "plan_types.h"
+
+namespace commsched {
+
+class FusionBuffer {
+ public:
+  // Returns the buffer the collective runs on. When the block is one whole contiguous gradient
+  // of the wire dtype, that gradient itself is returned (no copy), as Horovod does.
+  static at::Tensor pack(const BlockSpec& block, const std::vector<at::Tensor>& grads);
+  // Scales the reduced buffer and writes each piece back into its gradient (no-op for the
+  // zero-copy case apart from the scaling).
+  static void unpack(const BlockSpec& block, const at::Tensor& buffer,
+                     const std::vector<at::Tensor>& grads);
+  static int64_t numel(const BlockSpec& block);
+  static bool is_zero_copy(const BlockSpec& block, const std::vector<at::Tensor>& grads);
+};
+
+}  // namespace commsched

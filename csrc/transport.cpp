@@ -1,0 +1,49 @@
+#include "transport.h"
+
+#include <c10/util/Exception.h>
+
+namespace commsched {
+
+namespace {
+class WorkCollective : public PendingCollective {
+ public:
+  explicit WorkCollective(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
+  void wait(std::chrono::milliseconds timeout) override {
+    work_->wait(timeout);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
+class DoneCollective : public PendingCollective {
+ public:
+  void wait(std::chrono::milliseconds) override {}
+};
+}  // namespace
+
+ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : group_(std::move(group)) {
+  TORCH_CHECK(group_, "commsched: ProcessGroupTransport needs a process group");
+}
+
+std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op,
+                                                                 at::Tensor& buffer) {
+  switch (op) {
+    case Collective::kAllreduce: {
+      std::vector<at::Tensor> tensors{buffer};
+      c10d::AllreduceOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      return std::make_unique<WorkCollective>(group_->allreduce(tensors, options));
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown collective");
+}
+
+int64_t ProcessGroupTransport::world_size() const { return group_->getSize(); }
+
+std::unique_ptr<PendingCollective> LocalTransport::launch(Collective, at::Tensor&) {
+  return std::make_unique<DoneCollective>();
+}
+
+}  // namespace commsched
