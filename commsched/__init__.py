@@ -1,0 +1,32 @@
+"""commsched: communication scheduling for data-parallel PyTorch training, used the Horovod way.
+
+    import commsched
+    commsched.init()
+    opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+"""
+
+from .bootstrap import (
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    init,
+    is_initialized,
+    local_rank,
+    rank,
+    shutdown,
+    size,
+)
+from .compression import Compression
+from .config import ConfigError, Policy, load_config
+from .consistency import MismatchError
+from .ops import Adasum, Average, ReduceOp, Sum
+from .optimizer import DistributedOptimizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "MismatchError",
+    "Policy", "ReduceOp", "Sum", "broadcast_object", "broadcast_optimizer_state",
+    "broadcast_parameters", "init", "is_initialized", "load_config", "local_rank", "rank",
+    "shutdown", "size",
+]

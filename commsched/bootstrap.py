@@ -1,0 +1,211 @@
+"""Process-group bootstrap for the three ways a job is launched.
+
+* ``horovodrun``: ``hvd.init()``; rank 0 opens a ``TCPStore`` on a free port and broadcasts its
+  address with Horovod (under an explicit name: Horovod names an unnamed broadcast_object after
+  the object's type, which differs between root and receivers and hangs every rank).
+* ``torchrun``: ``env://`` rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
+* a lone process: world size 1, no network at all.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .config import load_config
+
+log = logging.getLogger("commsched")
+
+
+class Launcher(str, enum.Enum):
+    HOROVOD = "horovod"
+    TORCHRUN = "torchrun"
+    LONE = "lone"
+    EXISTING = "existing"  # the user initialised torch.distributed before us
+
+
+@dataclass
+class World:
+    rank: int
+    size: int
+    local_rank: int
+    launcher: Launcher
+    process_group: Any | None  # the data-plane group; None for a world of one
+    control_group: Any | None  # Gloo group for small control messages (plans, hashes)
+    owns_process_group: bool
+    timeout: float
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.control_group)
+        return out
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if self.size == 1:
+            return obj
+        box = [obj if self.rank == root else None]
+        dist.broadcast_object_list(box, src=root, group=self.control_group)
+        return box[0]
+
+
+_world: World | None = None
+
+
+def _backend() -> str:
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def _address_towards(host: str, port: int) -> str:
+    """This host's address on the route to `host` (the rendezvous server): reachable by peers
+    that reach the server, without assuming loopback or a particular interface name."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))  # UDP: no packet is sent
+        return str(probe.getsockname()[0])
+
+
+def _horovod_world(timeout: float) -> World:
+    import horovod.torch as hvd
+
+    hvd.init()
+    rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+    if size == 1:
+        return World(rank, 1, local_rank, Launcher.HOROVOD, None, None, False, timeout)
+    delta = datetime.timedelta(seconds=timeout)
+    if dist.is_initialized():
+        return _existing_world(timeout)
+    store = None
+    if rank == 0:
+        host = os.environ.get("COMMSCHED_MASTER_ADDR") or _address_towards(
+            os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"),
+            int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1")))
+        store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=delta)
+        address = (host, store.port)
+    else:
+        address = None
+    address = hvd.broadcast_object(address, root_rank=0, name="commsched.bootstrap.store")
+    if rank != 0:
+        store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=delta)
+    dist.init_process_group(_backend(), store=store, rank=rank, world_size=size, timeout=delta)
+    return _world_from_group(rank, size, local_rank, Launcher.HOROVOD, True, timeout)
+
+
+def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher, owns: bool,
+                      timeout: float) -> World:
+    group = dist.group.WORLD
+    control = group if dist.get_backend(group) == "gloo" else dist.new_group(
+        backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    return World(rank, size, local_rank, launcher, group, control, owns, timeout)
+
+
+def _torchrun_world(timeout: float) -> World:
+    dist.init_process_group(_backend(), init_method="env://",
+                            timeout=datetime.timedelta(seconds=timeout))
+    return _world_from_group(dist.get_rank(), dist.get_world_size(),
+                             int(os.environ.get("LOCAL_RANK", "0")), Launcher.TORCHRUN, True,
+                             timeout)
+
+
+def _existing_world(timeout: float) -> World:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0")))
+    if size == 1:
+        return World(rank, 1, local_rank, Launcher.EXISTING, None, None, False, timeout)
+    return _world_from_group(rank, size, local_rank, Launcher.EXISTING, False, timeout)
+
+
+def init(timeout: float | None = None) -> World:
+    """Initialises commsched once per process and returns the world; later calls return it."""
+    global _world
+    if _world is not None:
+        return _world
+    seconds = timeout if timeout is not None else load_config().timeout
+    if dist.is_available() and dist.is_initialized():
+        _world = _existing_world(seconds)
+    elif "HOROVOD_RANK" in os.environ:
+        _world = _horovod_world(seconds)
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        _world = _torchrun_world(seconds)
+    else:
+        _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
+    log.debug("commsched.init: rank %d of %d via %s", _world.rank, _world.size,
+              _world.launcher.value)
+    return _world
+
+
+def world() -> World:
+    if _world is None:
+        raise RuntimeError("commsched is not initialised: call commsched.init() first")
+    return _world
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def shutdown() -> None:
+    """Stops every engine and tears down the process group commsched created."""
+    global _world
+    from .engine import shutdown_all_engines
+
+    shutdown_all_engines()
+    if _world is None:
+        return
+    if _world.owns_process_group and dist.is_initialized():
+        dist.destroy_process_group()
+    if _world.launcher is Launcher.HOROVOD:
+        import horovod.torch as hvd
+
+        hvd.shutdown()
+    _world = None
+
+
+def rank() -> int:
+    return world().rank
+
+
+def size() -> int:
+    return world().size
+
+
+def local_rank() -> int:
+    return world().local_rank
+
+
+def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
+    """Copies parameters (a state_dict, a dict, or (name, tensor) pairs) from `root_rank`."""
+    w = world()
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = list(params)
+    if w.size == 1:
+        return
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: {name!r} is not a tensor")
+        dist.broadcast(tensor.data, src=root_rank, group=w.process_group)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Makes every rank's optimizer state and hyper-parameters equal to `root_rank`'s."""
+    w = world()
+    if w.size == 1:
+        return
+    state = w.broadcast_object(optimizer.state_dict() if w.rank == root_rank else None,
+                               root=root_rank)
+    if w.rank != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+    return world().broadcast_object(obj, root=root_rank)

@@ -1,0 +1,76 @@
+"""Python side of the engine: turns a Plan into the engine's block tuples and keeps the timeline
+and profiler fed. The work itself happens in commsched._C on background threads."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import _C
+from .bootstrap import World
+from .compression import Compressor
+from .plan import Plan, TensorSpec
+from .profiler import Profiler
+from .timeline import TimelineWriter
+
+_live_engines: weakref.WeakSet[EngineHandle] = weakref.WeakSet()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class EngineHandle:
+    def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
+                 timeline: str = "") -> None:
+        self.specs = specs
+        self.timeout_ms = max(1, int(timeout * 1000))
+        self._engine = _C.Engine(world.process_group, [s.name for s in specs], self.timeout_ms)
+        self.profiler = Profiler(len(specs))
+        self.plan: Plan | None = None
+        self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
+        self._engine.set_timeline(self.timeline is not None)
+        _live_engines.add(self)
+
+    def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
+                postscale: float) -> None:
+        tuples = []
+        for block in plan.blocks:
+            wire = compressor.wire_dtype(getattr(torch, block.dtype))
+            pieces = [(p.tensor_id, p.offset, p.numel) for p in block.pieces]
+            tuples.append((block.block_id, int(block.op), dtype_name(wire), prescale, postscale,
+                           pieces))
+        self._engine.install_plan(tuples)
+        self.plan = plan
+        if self.timeline:
+            self.timeline.mark(f"plan {plan.policy} {plan.fingerprint} ({len(plan.blocks)} blocks)")
+
+    def mark_ready(self, tensor_id: int, grad: torch.Tensor) -> None:
+        self._engine.mark_ready(tensor_id, grad)
+
+    def not_ready(self) -> list[int]:
+        return list(self._engine.not_ready_tensors())
+
+    def wait(self) -> None:
+        """Waits for every block of the iteration, then records it for the profiler."""
+        self._engine.wait_all(self.timeout_ms)
+        self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings())
+        if self.timeline:
+            self.timeline.engine_events(self._engine.drain_events())
+
+    def mark(self, name: str) -> None:
+        if self.timeline:
+            self.timeline.mark(name)
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+        if self.timeline:
+            self.timeline.engine_events(self._engine.drain_events())
+            self.timeline.close()
+        _live_engines.discard(self)
+
+
+def shutdown_all_engines() -> None:
+    for handle in list(_live_engines):
+        handle.shutdown()

@@ -1,0 +1,242 @@
+"""commsched.DistributedOptimizer: Horovod's signature and semantics, commsched's engine.
+
+Like Horovod, the wrapper is an instance of a class made on the fly that derives from the
+user's optimizer class, so ``isinstance`` checks, LR schedulers and ``state_dict()`` keep working.
+Gradients are handed to the engine from post-accumulate-grad hooks as they are produced; the
+engine launches the plan's blocks in order on its own threads; ``synchronize()`` waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from . import bootstrap
+from .compression import Compression, Compressor, resolve
+from .config import Config, Policy, load_config
+from .consistency import check_identical, parameter_signature
+from .engine import EngineHandle
+from .ops import Average, ReduceOp, resolve_op
+from .params import make_specs, resolve_groups, resolve_names
+from .plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
+
+log = logging.getLogger("commsched")
+
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
+_TOO_MANY_BACKWARDS = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally.")
+_ZERO_GRAD_PENDING = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed in front of the user's optimizer class; attributes are prefixed ``_cs_``."""
+
+    _cs_engine: EngineHandle
+    _cs_params: list[torch.Tensor]
+    _cs_specs: list[TensorSpec]
+    _cs_config: Config
+
+    def _cs_setup(self, named: list[tuple[str, torch.Tensor]], compression: type[Compressor],
+                  backward_passes_per_step: int, op: ReduceOp, predivide: float,
+                  group_of: dict[int, int], sparse_as_dense: bool, model: Any,
+                  config: Config) -> None:
+        world = bootstrap.init(config.timeout)
+        self._cs_world = world
+        self._cs_config = config
+        self._cs_compression = compression
+        self._cs_op = op
+        self._cs_sparse_as_dense = sparse_as_dense
+        self._cs_model = model
+        self._cs_should_synchronize = True
+        self._cs_synchronized = False
+        self._cs_iteration = 0
+        self.backward_passes_per_step = backward_passes_per_step
+        tracked = [(n, p) for n, p in named if p.requires_grad]
+        self._cs_params = [p for _, p in tracked]
+        self._cs_specs = make_specs(tracked, group_of)
+        self._cs_delay = [backward_passes_per_step] * len(self._cs_specs)
+        self._cs_prescale = 1.0 / predivide
+        self._cs_postscale = predivide / world.size if op is ReduceOp.AVERAGE else 1.0
+        check_identical(world, "wrapped parameters (name, shape, dtype)",
+                        parameter_signature(self._cs_specs, [tuple(p.shape) for p in self._cs_params]))
+        settings = {**config.as_dict(), "timeline": None, "compression": compression.__name__,
+                    "op": op.name, "backward_passes_per_step": backward_passes_per_step,
+                    "gradient_predivide_factor": predivide,
+                    "groups": [s.group for s in self._cs_specs]}
+        check_identical(world, "commsched settings", sorted(settings.items()))
+        self._cs_engine = EngineHandle(world, self._cs_specs, config.timeout, config.timeline)
+        self._cs_replan_at, first_plan = self._cs_first_plan()
+        self._cs_install(first_plan)
+        self._cs_hooks = [p.register_post_accumulate_grad_hook(self._cs_make_hook(tid))
+                          for tid, p in enumerate(self._cs_params) if p.numel() > 0]
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _cs_net_from_config(self) -> NetModel:
+        default = NetModel()
+        cfg = self._cs_config
+        return NetModel(default.alpha if cfg.alpha is None else cfg.alpha,
+                        default.beta if cfg.beta is None else cfg.beta)
+
+    def _cs_first_plan(self) -> tuple[int | None, Plan]:
+        """The plan for the first iterations and the iteration after which to re-plan."""
+        cfg = self._cs_config
+        if cfg.policy is Policy.DDP:
+            return 1, make_plan(cfg.policy, self._cs_specs, Profile(), NetModel(), cfg)
+        if cfg.profile_steps > 0:
+            return cfg.profile_steps, make_profiling_plan(self._cs_specs, Profile())
+        return None, make_plan(cfg.policy, self._cs_specs, Profile(), self._cs_net_from_config(), cfg)
+
+    def _cs_replan(self) -> None:
+        """Builds the policy's plan from rank 0's profile, identically on every rank."""
+        cfg = self._cs_config
+        profiler = self._cs_engine.profiler
+        profile, net = self._cs_world.broadcast_object(
+            (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta)))
+        plan = make_plan(cfg.policy, self._cs_specs, profile, net, cfg)
+        log.info("commsched: rank %d installs %s plan %s: %d blocks (alpha=%.3g s, beta=%.3g s/B)",
+                 self._cs_world.rank, plan.policy, plan.fingerprint, len(plan.blocks), net.alpha,
+                 net.beta)
+        self._cs_install(plan)
+
+    def _cs_install(self, plan: Plan) -> None:
+        check_identical(self._cs_world, "plan fingerprints", [plan.policy, plan.fingerprint])
+        self._cs_engine.install(plan, self._cs_compression, self._cs_prescale, self._cs_postscale)
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the engine runs now."""
+        assert self._cs_engine.plan is not None
+        return self._cs_engine.plan
+
+    # -- gradient hooks -----------------------------------------------------------------------
+
+    def _cs_make_hook(self, tensor_id: int):  # noqa: ANN202 - autograd hook
+        def hook(param: torch.Tensor) -> None:
+            remaining = self._cs_delay[tensor_id]
+            if remaining <= 0:
+                raise AssertionError(_TOO_MANY_BACKWARDS)
+            if param.grad is None:
+                return
+            if param.grad.is_sparse:
+                if not self._cs_sparse_as_dense:
+                    raise ValueError(
+                        f"commsched: parameter '{self._cs_specs[tensor_id].name}' has a sparse "
+                        "gradient; pass sparse_as_dense=True to DistributedOptimizer")
+                param.grad = param.grad.to_dense()
+            self._cs_delay[tensor_id] = remaining - 1
+            if remaining == 1:
+                self._cs_engine.mark_ready(tensor_id, param.grad)
+        return hook
+
+    @property
+    def _cs_pending(self) -> bool:
+        return any(d != self.backward_passes_per_step for d in self._cs_delay)
+
+    # -- Horovod's public surface ---------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Reduces every gradient; missing ones count as zeros, as in Horovod."""
+        engine = self._cs_engine
+        for tensor_id in engine.not_ready():
+            param = self._cs_params[tensor_id]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            elif param.grad.is_sparse:
+                param.grad = param.grad.to_dense()
+            engine.mark_ready(tensor_id, param.grad)
+        engine.wait()
+        self._cs_delay = [self.backward_passes_per_step] * len(self._cs_specs)
+        self._cs_iteration += 1
+        engine.mark(f"iteration {self._cs_iteration}")
+        if self._cs_iteration == self._cs_replan_at:
+            self._cs_replan()
+        self._cs_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        self._cs_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._cs_should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._cs_should_synchronize:
+            if self._cs_synchronized:
+                warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
+            self.synchronize()
+        self._cs_synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._cs_pending:
+            raise AssertionError(_ZERO_GRAD_PENDING)
+        super().zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes <= 0:
+            raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
+        self.backward_passes_per_step = passes
+        self._cs_delay = [passes] * len(self._cs_specs)
+
+
+def _adopt_attributes(wrapped: torch.optim.Optimizer, original: torch.optim.Optimizer) -> None:
+    """Carries over instance attributes the optimizer's own __init__ set (fused flags, LBFGS's
+    caches), but never bound methods: an LR scheduler patches ``step`` on the instance, and
+    copying that would step the original."""
+    for key, value in vars(original).items():
+        if key in vars(wrapped) or callable(value) and hasattr(value, "__self__"):
+            continue
+        setattr(wrapped, key, value)
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        compression: Any = Compression.none,
+        backward_passes_per_step: int = 1,
+        op: Any = Average,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: Any = None,
+        sparse_as_dense: bool = False,
+        model: torch.nn.Module | None = None,
+        policy: str | None = None,
+        **knobs: Any) -> torch.optim.Optimizer:
+    """Wraps `optimizer` so that gradients are averaged across ranks by commsched's engine.
+
+    Keyword arguments beyond Horovod's override any knob (see commsched.config.KNOBS).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)!r}")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step!r}")
+    reduce_op = resolve_op(op)
+    if gradient_predivide_factor != 1.0 and reduce_op is not ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    config = load_config({**knobs, "policy": policy})
+    named = resolve_names(optimizer, named_parameters)
+    group_of = resolve_groups([p for _, p in named if p.requires_grad], num_groups, groups)
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = object.__new__(cls)
+    torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
+    wrapped.state = optimizer.state
+    _adopt_attributes(wrapped, optimizer)
+    wrapped._cs_setup(named, resolve(compression), backward_passes_per_step, reduce_op,
+                      float(gradient_predivide_factor), group_of, sparse_as_dense, model, config)
+    return wrapped

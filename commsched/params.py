@@ -1,0 +1,101 @@
+"""Validation of what DistributedOptimizer is given, with Horovod's errors, and the tensor
+specs the planner reads."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .engine import dtype_name
+from .plan import TensorSpec
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def resolve_names(optimizer: torch.optim.Optimizer,
+                  named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+                  ) -> list[tuple[str, torch.Tensor]]:
+    """Named parameters in the order the model declared them (our forward order)."""
+    params = optimizer_params(optimizer)
+    if named_parameters is None:
+        return [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    seen: set[str] = set()
+    dups = sorted({name for name, _ in named if name in seen or seen.add(name)})  # type: ignore[func-returns-value]
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         + ", ".join(dups))
+    named_ids = {id(p) for _, p in named}
+    unnamed = [id(p) for p in params if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were "
+                         "not named. Python object ids: " + ", ".join(map(str, unnamed)))
+    in_optimizer = {id(p) for p in params}
+    unique: dict[int, tuple[str, torch.Tensor]] = {}
+    for name, p in named:
+        if id(p) in in_optimizer and id(p) not in unique:
+            unique[id(p)] = (name, p)
+    return list(unique.values())
+
+
+def _split_evenly(items: list[torch.Tensor], parts: int) -> list[list[torch.Tensor]]:
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return [chunk for chunk in out if chunk]
+
+
+def resolve_groups(params: list[torch.Tensor], num_groups: int, groups: Any) -> dict[int, int]:
+    """Maps id(param) to its group index (Horovod's `groups` / deprecated `num_groups`)."""
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed.",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is None or groups == 0:
+        return {}
+    if isinstance(groups, bool) or not isinstance(groups, (int, list)):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "torch.Tensor.")
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError("groups should be a non-negative integer or a list of list of "
+                             "torch.Tensor.")
+        lists = _split_evenly(params, groups)
+    else:
+        if not all(isinstance(g, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in g)
+                   for g in groups):
+            raise ValueError("groups should be a non-negative integer or a list of list of "
+                             "torch.Tensor.")
+        lists = [list(g) for g in groups]
+    mapping: dict[int, int] = {}
+    for index, members in enumerate(lists):
+        for p in members:
+            if id(p) in mapping:
+                raise ValueError("a parameter appears in more than one group of `groups`")
+            mapping[id(p)] = index
+    return mapping
+
+
+def make_specs(named: Sequence[tuple[str, torch.Tensor]],
+               group_of: dict[int, int]) -> list[TensorSpec]:
+    """One spec per parameter that needs a gradient, in forward (declaration) order."""
+    specs = []
+    for name, p in named:
+        if not p.requires_grad:
+            continue
+        tid = len(specs)
+        specs.append(TensorSpec(tid, name, p.numel(), dtype_name(p.dtype), p.element_size(),
+                                forward_index=tid, group=group_of.get(id(p))))
+    return specs
