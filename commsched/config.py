@@ -233,6 +233,8 @@ def load_config(overrides: Mapping[str, Any] | None = None,
         elif knob.horovod_twin and env.get(knob.horovod_twin, "") != "":
             values[knob.key] = parse_value(knob, env[knob.horovod_twin],
                                            f"environment variable {knob.horovod_twin}")
+        elif knob.default is None:
+            values[knob.key] = None
         else:
-            values[knob.key] = knob.default
+            values[knob.key] = parse_value(knob, knob.default, f"default of {knob.key}")
     return Config(**values)

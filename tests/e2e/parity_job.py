@@ -93,16 +93,24 @@ def compare(policy: str, kind: str, bpps: int, compression: str, op=commsched.Av
     return {"ok": bool(ok), "max_diff": max(diffs.values()), "diffs": diffs, "moved": moved}
 
 
+POLICIES = ["horovod", "ddp", "mgwfbp"]
+CONFIGS = (list(itertools.product(POLICIES, ["sgd", "adam"], [1, 2], ["none"]))
+           + list(itertools.product(POLICIES, ["sgd"], [1], ["fp16", "bf16"])))
+
+
+def config_key(policy: str, kind: str, bpps: int, compression: str) -> str:
+    return f"{policy}-{kind}-bpps{bpps}-{compression}"
+
+
+PARITY_KEYS = [config_key(*c) for c in CONFIGS]
+
+
 def main() -> None:
     torch.set_num_threads(1)
     commsched.init()
     results = {}
-    configs = list(itertools.product(["horovod", "ddp", "mgwfbp"], ["sgd", "adam"], [1, 2],
-                                     ["none"]))
-    configs += list(itertools.product(["horovod", "ddp", "mgwfbp"], ["sgd"], [1],
-                                      ["fp16", "bf16"]))
-    for policy, kind, bpps, compression in configs:
-        key = f"{policy}-{kind}-bpps{bpps}-{compression}"
+    for policy, kind, bpps, compression in CONFIGS:
+        key = config_key(policy, kind, bpps, compression)
         try:
             results[key] = compare(policy, kind, bpps, compression)
         except Exception:  # reported per configuration, the others still run

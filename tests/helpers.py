@@ -1,0 +1,100 @@
+"""distributed_test: runs a function on N spawned ranks joined by torch.distributed (Gloo).
+
+Each rank sees RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as under torchrun, so
+``commsched.init()`` takes its torchrun path. The whole job has a hard timeout: ranks still
+running then are killed and the failure says which ones hung; a rank that died by a signal or a
+non-zero exit code, or raised, is reported with its traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+class DistributedTestError(AssertionError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
+               env: dict[str, str], args: tuple, results: Any) -> None:
+    os.environ.update(env)
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        value = fn(*args)
+        results.put((rank, "ok", value))
+    except BaseException:  # reported to the parent, which fails the test
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        import commsched
+
+        commsched.shutdown()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float = 60.0,
+                     env: dict[str, str] | None = None, args: tuple = (),
+                     expect_errors: bool = False) -> dict[int, Any]:
+    """Returns {rank: return value}; with `expect_errors`, {rank: traceback text or value}."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, dict(env or {}), args,
+                                                  results), daemon=True)
+             for r in range(world_size)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    outcomes: dict[int, tuple[str, Any]] = {}
+    while len(outcomes) < world_size and time.monotonic() < deadline:
+        try:
+            rank, status, value = results.get(timeout=0.2)
+            outcomes[rank] = (status, value)
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs):
+                break
+    for proc in procs:
+        proc.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    problems = []
+    if hung:
+        problems.append(f"ranks {hung} hung: still running after {timeout:.0f} s, killed")
+    for rank, proc in enumerate(procs):
+        if rank not in outcomes and rank not in hung:
+            problems.append(f"rank {rank} reported nothing ({_describe_exit(proc.exitcode)})")
+        elif rank in outcomes and proc.exitcode not in (0, None) and rank not in hung:
+            problems.append(f"rank {rank} ended with {_describe_exit(proc.exitcode)}")
+    errors = {r: v for r, (s, v) in outcomes.items() if s == "error"}
+    if not expect_errors:
+        problems += [f"rank {r} raised:\n{tb}" for r, tb in sorted(errors.items())]
+    if problems:
+        raise DistributedTestError("\n".join(problems))
+    return {r: v for r, (_, v) in sorted(outcomes.items())}
