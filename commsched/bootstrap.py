@@ -25,7 +25,7 @@ from .config import load_config
 log = logging.getLogger("commsched")
 
 
-class Launcher(str, enum.Enum):
+class Launcher(enum.StrEnum):
     HOROVOD = "horovod"
     TORCHRUN = "torchrun"
     LONE = "lone"
@@ -184,10 +184,7 @@ def local_rank() -> int:
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
     """Copies parameters (a state_dict, a dict, or (name, tensor) pairs) from `root_rank`."""
     w = world()
-    if isinstance(params, dict):
-        items = sorted(params.items())
-    else:
-        items = list(params)
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
     if w.size == 1:
         return
     for name, tensor in items:

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
     """A knob has a value that is not allowed."""
 
 
-class Policy(str, enum.Enum):
+class Policy(enum.StrEnum):
     HOROVOD = "horovod"
     DDP = "ddp"
     MGWFBP = "mgwfbp"

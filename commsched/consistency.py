@@ -32,7 +32,8 @@ def first_difference(reference: list, other: list) -> tuple[int, Any, Any]:
         if a != b:
             return index, a, b
     index = min(len(reference), len(other))
-    pick = (lambda seq: seq[index] if index < len(seq) else "<nothing>")
+    def pick(seq):
+        return (seq[index] if index < len(seq) else "<nothing>")
     return index, pick(reference), pick(other)
 
 

@@ -233,7 +233,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     named = resolve_names(optimizer, named_parameters)
     group_of = resolve_groups([p for _, p in named if p.requires_grad], num_groups, groups)
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
-    wrapped = object.__new__(cls)
+    wrapped: _DistributedOptimizer = object.__new__(cls)
     torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
     wrapped.state = optimizer.state
     _adopt_attributes(wrapped, optimizer)

@@ -91,7 +91,7 @@ def resolve_groups(params: list[torch.Tensor], num_groups: int, groups: Any) -> 
 def make_specs(named: Sequence[tuple[str, torch.Tensor]],
                group_of: dict[int, int]) -> list[TensorSpec]:
     """One spec per parameter that needs a gradient, in forward (declaration) order."""
-    specs = []
+    specs: list[TensorSpec] = []
     for name, p in named:
         if not p.requires_grad:
             continue

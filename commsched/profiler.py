@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .plan import NetModel, Profile
@@ -40,7 +41,7 @@ class Profiler:
     ready_samples: list[list[float]] = field(default_factory=list)
     collective_samples: list[tuple[int, float]] = field(default_factory=list)
 
-    def record(self, ready_us: list[int], block_timings: list[tuple[int, ...]]) -> None:
+    def record(self, ready_us: Sequence[int], block_timings: Sequence[tuple[int, ...]]) -> None:
         marked = [t for t in ready_us if t >= 0]
         if marked:
             first = min(marked)

@@ -14,7 +14,7 @@ class Collective(enum.IntEnum):
     ALLREDUCE = 0
 
 
-class Stage(str, enum.Enum):
+class Stage(enum.StrEnum):
     BACKWARD = "backward"
 
 

@@ -1,0 +1,1 @@
+"""Built-in benchmark models (synthetic data) and the side-by-side comparison harness."""

@@ -1,0 +1,176 @@
+"""Side-by-side comparison: hvd.DistributedOptimizer, PyTorch DDP and commsched's policies on one
+built-in model, in one job, candidates interleaved round by round so that machine noise hits all
+of them alike. Run under ``horovodrun -np N --gloo``; prints a table of median iteration times
+and ratios on rank 0 and optionally writes JSON, markdown and a PNG.
+
+    horovodrun -np 2 --gloo python -m commsched.bench.compare --model cnn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import commsched
+
+from .models import ModelName, batch, build, loss_fn
+
+LOCAL = "local (no comm)"
+
+
+@dataclass
+class Candidate:
+    name: str
+    step: Callable[[int], None]
+    times: list[float] = field(default_factory=list)
+
+
+def _sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batch_size: int,
+             rank: int) -> Callable[[int], None]:
+    def step(i: int) -> None:
+        x, y = batch(name, batch_size, i, rank)
+        opt.zero_grad()
+        loss_fn(name, model(x), y).backward()
+        opt.step()
+    return step
+
+
+def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list[Candidate]:
+    import horovod.torch as hvd
+
+    rank = commsched.rank()
+    out = []
+    for label in wanted:
+        model = build(name)
+        if label == "hvd":
+            opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
+        elif label == "torch-ddp":
+            # Horovod does not synchronise buffers either; keep the comparison like for like.
+            model = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+            opt = _sgd(model)
+        elif label == LOCAL:
+            opt = _sgd(model)
+        else:
+            policy = label.removeprefix("commsched:")
+            opt = commsched.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
+                                                 policy=policy)
+        out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank)))
+    return out
+
+
+def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> None:
+    for cand in candidates:
+        for i in range(warmup):
+            cand.step(i)
+    counter = warmup
+    for _ in range(rounds):
+        for cand in candidates:
+            for _ in range(steps):
+                start = time.perf_counter()
+                cand.step(counter)
+                cand.times.append(time.perf_counter() - start)
+                counter += 1
+
+
+def summarise(candidates: list[Candidate]) -> list[dict]:
+    """Per candidate: the step time is the slowest rank's; report medians and ratios."""
+    world = commsched.init()
+    rows = []
+    for cand in candidates:
+        per_rank = world.all_gather_object(cand.times)
+        slowest = [max(ts) for ts in zip(*per_rank, strict=True)]
+        rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
+                     "p10_ms": 1e3 * _quantile(slowest, 0.1), "p90_ms": 1e3 * _quantile(slowest, 0.9),
+                     "samples": len(slowest)})
+    by_name = {r["name"]: r["median_ms"] for r in rows}
+    for row in rows:
+        for base in ("hvd", "torch-ddp"):
+            row[f"vs_{base}"] = row["median_ms"] / by_name[base] if base in by_name else None
+    return rows
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        def ratio(v):
+            return (f"{v:.3f}" if v is not None else "-")
+        lines.append(f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
+                     f"| {ratio(r['vs_hvd'])} | {ratio(r['vs_torch-ddp'])} |")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: str, rows: list[dict], meta: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
+        json.dump({"meta": meta, "rows": rows}, handle, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
+        handle.write(f"# {meta['model']} on {meta['world_size']} ranks\n\n"
+                     f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.barh([r["name"] for r in rows], [r["median_ms"] for r in rows],
+            xerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]])
+    ax.set_xlabel("median iteration time (ms), whiskers p10-p90")
+    ax.set_title(f"{meta['model']}, {meta['world_size']} ranks")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "results.png"), dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=ModelName, default=ModelName.CNN, choices=list(ModelName))
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,commsched:ddp,commsched:mgwfbp")
+    parser.add_argument("--warmup", type=int, default=8, help="steps per candidate before timing "
+                        "(covers commsched's profiling steps)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per candidate per round")
+    parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    world = commsched.init()
+    if world.size > 1 and not dist.is_initialized():
+        raise SystemExit("compare needs torch.distributed for the DDP baseline")
+    candidates = make_candidates(args.model, [c.strip() for c in args.candidates.split(",") if c.strip()],
+                                 args.batch_size)
+    run(candidates, args.warmup, args.rounds, args.steps)
+    rows = summarise(candidates)
+    if world.rank == 0:
+        command = " ".join(shlex.quote(a) for a in sys.argv)
+        print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
+              f"{rows[0]['samples']} timed steps per candidate\n")
+        print(markdown_table(rows), flush=True)
+        if args.out:
+            write_outputs(args.out, rows, {"model": args.model.value, "world_size": world.size,
+                                           "command": command, "args": vars(args) | {"model": args.model.value}})
+    commsched.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Built-in models with synthetic data, sized so that a 2-rank CPU run is communication-bound
+on a shaped 1 Gbit/s loopback and still finishes an iteration in well under a second."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch import nn
+
+
+class ModelName(enum.StrEnum):
+    CNN = "cnn"
+    TRANSFORMER = "transformer"
+    MLP = "mlp"
+
+
+class SmallCNN(nn.Module):
+    """VGG-style: a few conv stages, then a wide classifier that carries most parameters (like
+    VGG-16, whose fully connected layers hold most of its bytes)."""
+
+    def __init__(self, width: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        chans = [3, width, 2 * width, 4 * width]
+        layers: list[nn.Module] = []
+        for cin, cout in zip(chans, chans[1:], strict=False):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                       nn.MaxPool2d(2)]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(4 * width * 4 * 4, 1024), nn.ReLU(),
+                                        nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class SmallTransformer(nn.Module):
+    """A GPT-like encoder stack with a tied embedding / output projection."""
+
+    def __init__(self, vocab: int = 4096, dim: int = 256, layers: int = 4, heads: int = 4,
+                 seq: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(seq, dim))
+        block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens) + self.pos[: tokens.shape[1]]))
+
+
+class SmallMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                 nn.Linear(256, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def build(name: ModelName, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    if name is ModelName.CNN:
+        return SmallCNN()
+    if name is ModelName.TRANSFORMER:
+        return SmallTransformer()
+    return SmallMLP()
+
+
+def batch(name: ModelName, batch_size: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(10_000 * rank + step)
+    if name is ModelName.CNN:
+        return torch.randn(batch_size, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen)
+    if name is ModelName.TRANSFORMER:
+        tokens = torch.randint(0, 4096, (batch_size, 65), generator=gen)
+        return tokens[:, :-1], tokens[:, 1:]
+    return torch.randn(batch_size, 64, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen)
+
+
+def loss_fn(name: ModelName, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if name is ModelName.TRANSFORMER:
+        return nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
+    return nn.functional.cross_entropy(output, target)

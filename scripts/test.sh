@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole suite: set-up if needed, lint, then every test (unit, multi-rank, end-to-end).
+# Extra arguments go to pytest (e.g. scripts/test.sh -k parity).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+scripts/setup.sh
+PY="$ROOT/.venv/bin/python"
+echo "== test: ruff" >&2
+"$ROOT/.venv/bin/ruff" check commsched tests
+echo "== test: mypy" >&2
+"$PY" -m mypy commsched
+echo "== test: pytest" >&2
+set +e
+OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests: that is a failure of the suite itself" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import pytest
+
+from commsched.config import KNOBS, ConfigError, Policy, load_config
+
+
+def test_defaults() -> None:
+    cfg = load_config(environ={})
+    assert cfg.policy is Policy.HOROVOD
+    assert cfg.fusion_threshold == 128 * 2**20 and cfg.cycle_time == 1.0
+    assert cfg.bucket_bytes == 25 * 2**20 and cfg.first_bucket_bytes == 2**20
+    assert cfg.profile_steps == 5 and cfg.timeout == 300.0 and cfg.alpha is None
+
+
+def test_byte_units_and_env() -> None:
+    cfg = load_config(environ={"COMMSCHED_FUSION_THRESHOLD": "64MiB",
+                               "COMMSCHED_BUCKET_BYTES": "2 MB", "COMMSCHED_POLICY": "DDP"})
+    assert cfg.fusion_threshold == 64 * 2**20 and cfg.bucket_bytes == 2_000_000
+    assert cfg.policy is Policy.DDP
+
+
+def test_precedence_kwargs_env_yaml_horovod_default(tmp_path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text("policy: mgwfbp\nfusion_threshold: 1000\ncycle_time: 3\n")
+    env = {"COMMSCHED_CONFIG": str(preset), "HOROVOD_FUSION_THRESHOLD": "5",
+           "HOROVOD_CYCLE_TIME": "7", "COMMSCHED_CYCLE_TIME": "2"}
+    cfg = load_config({"policy": "ddp"}, environ=env)
+    assert cfg.policy is Policy.DDP  # keyword beats YAML
+    assert cfg.cycle_time == 2.0  # env beats YAML and HOROVOD_
+    assert cfg.fusion_threshold == 1000  # YAML beats HOROVOD_
+    cfg = load_config(environ={"HOROVOD_FUSION_THRESHOLD": "4096", "HOROVOD_CYCLE_TIME": "0.5"})
+    assert cfg.fusion_threshold == 4096 and cfg.cycle_time == 0.5
+
+
+@pytest.mark.parametrize("var,value,fragment", [
+    ("COMMSCHED_POLICY", "fastest", "one of horovod, ddp, mgwfbp"),
+    ("COMMSCHED_TIMEOUT", "-1", "out of range"),
+    ("COMMSCHED_TIMEOUT", "0", "out of range"),
+    ("COMMSCHED_TIMEOUT", "soon", "a number of seconds"),
+    ("COMMSCHED_FUSION_THRESHOLD", "12 parsecs", "byte size"),
+    ("COMMSCHED_FUSION_THRESHOLD", "-5", "byte size"),
+    ("COMMSCHED_PROFILE_STEPS", "2.5", "whole number"),
+    ("COMMSCHED_CYCLE_TIME", "nan", "milliseconds"),
+    ("HOROVOD_CYCLE_TIME", "fast", "HOROVOD_CYCLE_TIME"),
+])
+def test_bad_values_name_variable_value_and_allowed(var: str, value: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ={var: value})
+    message = str(err.value)
+    assert var in message and repr(value) in message and fragment in message
+
+
+def test_unknown_variable_and_keyword_are_errors() -> None:
+    with pytest.raises(ConfigError, match="COMMSCHED_FUSION_TRESHOLD"):
+        load_config(environ={"COMMSCHED_FUSION_TRESHOLD": "1"})
+    with pytest.raises(ConfigError, match="unknown keyword argument 'bucket'"):
+        load_config({"bucket": 3}, environ={})
+
+
+def test_yaml_errors(tmp_path) -> None:
+    bad_key = tmp_path / "a.yaml"
+    bad_key.write_text("polcy: ddp\n")
+    with pytest.raises(ConfigError, match="unknown key 'polcy'"):
+        load_config(environ={"COMMSCHED_CONFIG": str(bad_key)})
+    bad_value = tmp_path / "b.yaml"
+    bad_value.write_text("timeout: [1, 2]\n")
+    with pytest.raises(ConfigError, match="YAML key 'timeout'"):
+        load_config(environ={"COMMSCHED_CONFIG": str(bad_value)})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(environ={"COMMSCHED_CONFIG": str(tmp_path / "missing.yaml")})
+    not_mapping = tmp_path / "c.yaml"
+    not_mapping.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(environ={"COMMSCHED_CONFIG": str(not_mapping)})
+
+
+def test_presets_load(repo_root) -> None:
+    for policy in Policy:
+        path = repo_root / "configs" / f"{policy.value}.yaml"
+        assert load_config(environ={"COMMSCHED_CONFIG": str(path)}).policy is policy
+
+
+def test_readme_documents_every_knob(repo_root) -> None:
+    readme = (repo_root / "README.md").read_text()
+    for knob in KNOBS:
+        assert f"`{knob.env}`" in readme, f"{knob.env} missing from the README knobs table"

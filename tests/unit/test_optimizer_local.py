@@ -1,0 +1,135 @@
+"""Horovod's semantics and errors, in a world of one (no network, the same engine)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import commsched
+
+
+@pytest.fixture
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def wrap(model: nn.Module, **kw) -> torch.optim.Optimizer:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    kw.setdefault("named_parameters", model.named_parameters())
+    return commsched.DistributedOptimizer(opt, **kw)
+
+
+def backward(model: nn.Module) -> None:
+    model(torch.randn(5, 3)).square().sum().backward()
+
+
+def test_lone_process_world() -> None:
+    commsched.init()
+    assert commsched.size() == 1 and commsched.rank() == 0 and commsched.local_rank() == 0
+
+
+def test_wrapped_is_still_the_users_optimizer_class(model) -> None:
+    opt = wrap(model)
+    assert isinstance(opt, torch.optim.SGD)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    backward(model)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert set(opt.state_dict()) == {"state", "param_groups"}
+
+
+def test_same_result_as_plain_optimizer(model) -> None:
+    twin = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    twin.load_state_dict(model.state_dict())
+    ours = wrap(model, policy="mgwfbp", profile_steps=1)
+    plain = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    for step in range(4):
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(step))
+        for m, opt in ((model, ours), (twin, plain)):
+            opt.zero_grad()
+            m(x).square().sum().backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert ours.plan.policy == "mgwfbp"
+
+
+def test_name_errors(model) -> None:
+    params = list(model.named_parameters())
+    with pytest.raises(ValueError, match="must be unique. Found duplicates: 0.weight"):
+        wrap(model, named_parameters=[params[0], ("0.weight", params[1][1])] + params[2:])
+    with pytest.raises(ValueError, match="were not named"):
+        wrap(model, named_parameters=params[:2])
+    with pytest.raises(ValueError, match="sequence of tuples"):
+        wrap(model, named_parameters=[p for _, p in params])
+
+
+def test_argument_errors(model) -> None:
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
+        wrap(model, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
+        wrap(model, op=commsched.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="groups should be a non-negative integer"):
+        wrap(model, groups="two")
+    with pytest.raises(commsched.ConfigError, match="argument policy='best'"):
+        wrap(model, policy="best")
+
+
+def test_too_many_backward_passes(model) -> None:
+    opt = wrap(model, backward_passes_per_step=2)
+    backward(model)
+    backward(model)
+    with pytest.raises(AssertionError, match="more than backward_passes_per_step"):
+        backward(model)
+    opt.synchronize()
+
+
+def test_zero_grad_with_pending_work_is_an_error(model) -> None:
+    opt = wrap(model)
+    backward(model)
+    with pytest.raises(AssertionError, match="zero_grad\\(\\) was called after loss.backward"):
+        opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_step_after_synchronize_warns_unless_skipped(model) -> None:
+    opt = wrap(model)
+    backward(model)
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+    opt.zero_grad()
+    backward(model)
+    opt.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with opt.skip_synchronize():
+            opt.step()
+
+
+def test_missing_gradients_become_zeros(model) -> None:
+    opt = wrap(model)
+    opt.synchronize()  # nothing computed: every gradient is reduced as zeros, as in Horovod
+    assert all(p.grad is not None and torch.count_nonzero(p.grad) == 0
+               for p in model.parameters())
+
+
+def test_sparse_gradients_need_sparse_as_dense() -> None:
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                         named_parameters=emb.named_parameters())
+    with pytest.raises(ValueError, match="'weight' has a sparse gradient"):
+        emb(torch.tensor([1, 2])).sum().backward()
+    emb2 = nn.Embedding(10, 3, sparse=True)
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(emb2.parameters(), lr=0.1),
+                                         named_parameters=emb2.named_parameters(),
+                                         sparse_as_dense=True)
+    emb2(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    assert not emb2.weight.grad.is_sparse
