@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -38,8 +39,9 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
 
     torch.set_num_threads(1)
     try:
-        value = fn(*args)
-        results.put((rank, "ok", value))
+        # Plain pickle bytes: torch would otherwise share tensor storage through file
+        # descriptors that vanish when this process exits.
+        results.put((rank, "ok", pickle.dumps(fn(*args))))
     except BaseException:  # reported to the parent, which fails the test
         results.put((rank, "error", traceback.format_exc()))
     finally:
@@ -73,7 +75,7 @@ def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float
     while len(outcomes) < world_size and time.monotonic() < deadline:
         try:
             rank, status, value = results.get(timeout=0.2)
-            outcomes[rank] = (status, value)
+            outcomes[rank] = (status, pickle.loads(value) if status == "ok" else value)
         except queue.Empty:
             if all(not p.is_alive() for p in procs):
                 break

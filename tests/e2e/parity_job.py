@@ -68,17 +68,19 @@ def hvd_compression(name: str):
     return hvd.Compression.fp16 if name == "fp16" else hvd.Compression.none
 
 
-def compare(policy: str, kind: str, bpps: int, compression: str, op=commsched.Average) -> dict:
+def compare(policy: str, kind: str, bpps: int, compression: str, groups: int = 0,
+            op=commsched.Average) -> dict:
     def reference(opt, model):
         return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                         backward_passes_per_step=bpps,
-                                        compression=hvd_compression(compression))
+                                        compression=hvd_compression(compression),
+                                        groups=groups or None)
 
     def ours(opt, model):
         return commsched.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(), backward_passes_per_step=bpps,
             compression=getattr(commsched.Compression, compression), policy=policy,
-            profile_steps=2, op=op)
+            profile_steps=2, op=op, groups=groups or None)
 
     expected = train(reference, kind, bpps)
     actual = train(ours, kind, bpps)
@@ -94,12 +96,13 @@ def compare(policy: str, kind: str, bpps: int, compression: str, op=commsched.Av
 
 
 POLICIES = ["horovod", "ddp", "mgwfbp"]
-CONFIGS = (list(itertools.product(POLICIES, ["sgd", "adam"], [1, 2], ["none"]))
-           + list(itertools.product(POLICIES, ["sgd"], [1], ["fp16", "bf16"])))
+CONFIGS = (list(itertools.product(POLICIES, ["sgd", "adam"], [1, 2], ["none"], [0]))
+           + list(itertools.product(POLICIES, ["sgd"], [1], ["fp16", "bf16"], [0]))
+           + list(itertools.product(POLICIES, ["adam"], [1], ["none"], [2])))
 
 
-def config_key(policy: str, kind: str, bpps: int, compression: str) -> str:
-    return f"{policy}-{kind}-bpps{bpps}-{compression}"
+def config_key(policy: str, kind: str, bpps: int, compression: str, groups: int) -> str:
+    return f"{policy}-{kind}-bpps{bpps}-{compression}" + (f"-groups{groups}" if groups else "")
 
 
 PARITY_KEYS = [config_key(*c) for c in CONFIGS]
@@ -109,15 +112,16 @@ def main() -> None:
     torch.set_num_threads(1)
     commsched.init()
     results = {}
-    for policy, kind, bpps, compression in CONFIGS:
-        key = config_key(policy, kind, bpps, compression)
+    for config in CONFIGS:
+        key = config_key(*config)
         try:
-            results[key] = compare(policy, kind, bpps, compression)
+            results[key] = compare(*config)
         except Exception:  # reported per configuration, the others still run
             results[key] = {"ok": False, "error": traceback.format_exc()}
     # Negative control: summing instead of averaging must be detected as a mismatch.
     try:
-        results["control-sum-vs-average"] = compare("horovod", "sgd", 1, "none", op=commsched.Sum)
+        results["control-sum-vs-average"] = compare("horovod", "sgd", 1, "none",
+                                                           op=commsched.Sum)
     except Exception:
         results["control-sum-vs-average"] = {"ok": False, "error": traceback.format_exc()}
     gathered = hvd.allgather_object(results, name="parity.results")
