@@ -10,7 +10,7 @@ import torch
 from . import _C
 from .bootstrap import World
 from .compression import Compressor
-from .plan import Plan, TensorSpec
+from .plan import Collective, Plan, Stage, TensorSpec
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
@@ -36,11 +36,16 @@ class EngineHandle:
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
         tuples = []
+        position = {b.block_id: i for i, b in enumerate(plan.blocks)}
         for block in plan.blocks:
             wire = compressor.wire_dtype(getattr(torch, block.dtype))
             pieces = [(p.tensor_id, p.offset, p.numel) for p in block.pieces]
-            tuples.append((block.block_id, int(block.op), dtype_name(wire), prescale, postscale,
-                           pieces))
+            # A reduce-scatter carries the prescale; its all-gather the postscale.
+            pre = 1.0 if block.op is Collective.ALL_GATHER else prescale
+            post = 1.0 if block.op is Collective.REDUCE_SCATTER else postscale
+            source = -1 if block.source is None else position[block.source]
+            tuples.append((block.block_id, int(block.op), dtype_name(wire), pre, post, pieces,
+                           block.stage is Stage.FORWARD, source))
         self._engine.install_plan(tuples)
         self.plan = plan
         if self.timeline:

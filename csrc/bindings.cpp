@@ -12,18 +12,18 @@ using commsched::Engine;
 namespace {
 
 // A block arrives from Python as (block_id, op, wire_dtype_name, prescale, postscale,
-// [(tensor_id, offset, numel), ...]).
+// [(tensor_id, offset, numel), ...], released_by_caller, source_position).
 using BlockTuple = std::tuple<int64_t, int64_t, std::string, double, double,
-                              std::vector<std::tuple<int64_t, int64_t, int64_t>>>;
+                              std::vector<std::tuple<int64_t, int64_t, int64_t>>, bool, int64_t>;
 
 std::vector<BlockSpec> to_blocks(const std::vector<BlockTuple>& tuples) {
   std::vector<BlockSpec> blocks;
   blocks.reserve(tuples.size());
-  for (const auto& [id, op, dtype, prescale, postscale, pieces] : tuples) {
-    TORCH_CHECK(op == static_cast<int64_t>(commsched::Collective::kAllreduce),
-                "commsched: block ", id, " has unsupported collective ", op);
-    BlockSpec block{id, static_cast<commsched::Collective>(op), {},
-                    commsched::scalar_type_from_name(dtype), prescale, postscale};
+  for (const auto& [id, op, dtype, prescale, postscale, pieces, released, source] : tuples) {
+    TORCH_CHECK(op >= 0 && op <= static_cast<int64_t>(commsched::Collective::kAllGather),
+                "commsched: block ", id, " has unknown collective ", op);
+    BlockSpec block{id,        static_cast<commsched::Collective>(op), {},
+                    commsched::scalar_type_from_name(dtype), prescale, postscale, released, source};
     for (const auto& [tensor, offset, numel] : pieces) block.pieces.push_back({tensor, offset, numel});
     blocks.push_back(std::move(block));
   }
@@ -48,6 +48,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "commsched engine: executes communication plans on background threads";
   m.def("now_us", &commsched::now_us, "Engine clock (steady, microseconds)");
   m.attr("ALLREDUCE") = static_cast<int64_t>(commsched::Collective::kAllreduce);
+  m.attr("REDUCE_SCATTER") = static_cast<int64_t>(commsched::Collective::kReduceScatter);
+  m.attr("ALL_GATHER") = static_cast<int64_t>(commsched::Collective::kAllGather);
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("process_group"), py::arg("tensor_names"),
@@ -62,6 +64,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("is_ready", &Engine::is_ready)
       .def("not_ready_tensors", &Engine::not_ready_tensors)
       .def("wait_all", &Engine::wait_all, py::call_guard<py::gil_scoped_release>())
+      .def("wait_block", &Engine::wait_block, py::call_guard<py::gil_scoped_release>())
+      .def("release", &Engine::release)
+      .def("set_credit", &Engine::set_credit)
       .def("last_ready_us", &Engine::last_ready_us)
       .def("last_block_timings",
            [](Engine& self) {

@@ -37,6 +37,7 @@ void Engine::shutdown() {
   if (stop_.exchange(true)) return;
   ready_queue_.wake_all();
   flight_cv_.notify_all();
+  credit_cv_.notify_all();
   done_cv_.notify_all();
   if (engine_thread_.joinable()) engine_thread_.join();
   if (completion_thread_.joinable()) completion_thread_.join();
@@ -53,11 +54,18 @@ void Engine::install_plan(std::vector<BlockSpec> blocks) {
   for (size_t pos = 0; pos < blocks.size(); ++pos) {
     const auto& block = blocks[pos];
     TORCH_CHECK(!block.pieces.empty(), "commsched: block ", block.block_id, " has no pieces");
+    if (block.op == Collective::kAllGather) {
+      TORCH_CHECK(block.source >= 0 && block.source < static_cast<int64_t>(pos) &&
+                      blocks[block.source].op == Collective::kReduceScatter,
+                  "commsched: all-gather block ", block.block_id,
+                  " needs an earlier reduce-scatter block as its source");
+    }
     for (const auto& piece : block.pieces) {
       TORCH_CHECK(piece.tensor_id >= 0 && piece.tensor_id < n, "commsched: block ",
                   block.block_id, " names tensor ", piece.tensor_id, " of ", n);
       TORCH_CHECK(piece.offset >= 0 && piece.numel > 0, "commsched: block ", block.block_id,
                   " has an empty or negative piece of tensor ", piece.tensor_id);
+      if (block.released_by_caller) continue;  // readiness comes from release(), not gradients
       auto& owners = tensor_blocks[piece.tensor_id];
       if (owners.empty() || owners.back() != static_cast<int64_t>(pos)) owners.push_back(pos);
     }
@@ -71,6 +79,9 @@ void Engine::reset_iteration_locked() {
   block_pending_.assign(plan_.size(), 0);
   for (const auto& owners : tensor_blocks_)
     for (auto pos : owners) block_pending_[pos] += 1;
+  for (size_t pos = 0; pos < plan_.size(); ++pos)
+    if (plan_[pos].released_by_caller) block_pending_[pos] = 1;
+  shards_.assign(plan_.size(), at::Tensor());
   std::fill(grads_.begin(), grads_.end(), at::Tensor());
   std::fill(ready_events_.begin(), ready_events_.end(), nullptr);
   std::fill(ready_us_.begin(), ready_us_.end(), -1);
@@ -161,11 +172,29 @@ void Engine::launch(int64_t position) {
     for (const auto& event : events) DeviceSync::stream_wait(*stream, event);
     for (const auto& piece : block->pieces) DeviceSync::record_stream(grads[piece.tensor_id], *stream);
   }
-  at::Tensor buffer = FusionBuffer::pack(*block, grads);
+  const int64_t world = transport_->world_size();
+  at::Tensor input, output;
+  switch (block->op) {
+    case Collective::kAllreduce:
+      input = output = FusionBuffer::pack(*block, grads, FusionBuffer::numel(*block));
+      break;
+    case Collective::kReduceScatter: {
+      const int64_t padded = FusionBuffer::padded(FusionBuffer::numel(*block), world);
+      input = FusionBuffer::pack(*block, grads, padded);
+      output = at::empty({padded / world}, input.options());
+      break;
+    }
+    case Collective::kAllGather:
+      input = source_shard(*block);
+      if (!input.defined()) return;  // failed or stopping while waiting
+      output = at::empty({input.numel() * world}, input.options());
+      break;
+  }
   const int64_t packed = now_us();
-  const int64_t bytes = buffer.numel() * static_cast<int64_t>(buffer.element_size());
+  const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
   timeline_.span("pack", 1, start, packed, block->block_id, bytes, collective_name(block->op));
-  auto collective = transport_->launch(block->op, buffer);
+  acquire_credit(bytes);
+  auto collective = transport_->launch(block->op, input, output);
   {
     std::lock_guard<std::mutex> lock(mu_);
     timings_[position].block_id = block->block_id;
@@ -174,9 +203,47 @@ void Engine::launch(int64_t position) {
   }
   {
     std::lock_guard<std::mutex> lock(flight_mu_);
-    in_flight_.push_back(InFlight{position, buffer, std::move(collective), stream});
+    in_flight_.push_back(InFlight{position, bytes, input, output, std::move(collective), stream});
   }
   flight_cv_.notify_all();
+}
+
+at::Tensor Engine::source_shard(const BlockSpec& block) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  bool done = done_cv_.wait_until(lock, deadline, [&] {
+    return completed_ > block.source || !error_.empty() || stopping();
+  });
+  if (!error_.empty() || stopping()) return at::Tensor();
+  TORCH_CHECK(done, "commsched: all-gather block ", block.block_id,
+              " timed out waiting for its reduce-scatter (position ", block.source, ")");
+  return shards_[block.source];
+}
+
+void Engine::acquire_credit(int64_t bytes) {
+  std::unique_lock<std::mutex> lock(credit_mu_);
+  credit_cv_.wait(lock, [&] {
+    return credit_bytes_ <= 0 || in_flight_bytes_ == 0 ||
+           in_flight_bytes_ + bytes <= credit_bytes_ || stopping();
+  });
+  in_flight_bytes_ += bytes;
+}
+
+void Engine::return_credit(int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(credit_mu_);
+    in_flight_bytes_ -= bytes;
+  }
+  credit_cv_.notify_all();
+}
+
+void Engine::set_credit(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "commsched: credit must be >= 0 bytes, got ", bytes);
+  {
+    std::lock_guard<std::mutex> lock(credit_mu_);
+    credit_bytes_ = bytes;
+  }
+  credit_cv_.notify_all();
 }
 
 void Engine::completion_loop() {
@@ -191,7 +258,9 @@ void Engine::completion_loop() {
     }
     try {
       complete(item);
+      return_credit(item.bytes);
     } catch (const std::exception& e) {
+      return_credit(item.bytes);
       fail(std::string("collective of block ") + std::to_string(plan_[item.position].block_id) +
            " failed: " + e.what());
     }
@@ -209,7 +278,8 @@ void Engine::complete(InFlight& item) {
     std::lock_guard<std::mutex> lock(mu_);
     grads = grads_;
   }
-  FusionBuffer::unpack(block, item.buffer, grads);
+  if (block.op == Collective::kAllreduce) FusionBuffer::unpack(block, item.buffer, grads);
+  if (block.op == Collective::kAllGather) FusionBuffer::unpack(block, item.output, grads);
   const int64_t unpacked = now_us();
   auto done_event = DeviceSync::record_on(item.stream);
   std::lock_guard<std::mutex> lock(mu_);
@@ -222,6 +292,7 @@ void Engine::complete(InFlight& item) {
   timeline_.span("unpack", 2, done, unpacked, block.block_id, timing.bytes,
                  collective_name(block.op));
   done_events_[item.position] = done_event;
+  if (block.op == Collective::kReduceScatter) shards_[item.position] = item.output;
   completed_ += 1;
   done_cv_.notify_all();
 }
@@ -246,6 +317,10 @@ std::string Engine::pending_report() {
       out << "launched, collective not finished (a peer rank may be missing or stalled)";
       continue;
     }
+    if (block.released_by_caller && block_pending_[pos] > 0) {
+      out << "forward-stage block not released yet";
+      continue;
+    }
     std::vector<std::string> missing;
     for (const auto& piece : block.pieces)
       if (ready_us_[piece.tensor_id] < 0) missing.push_back(tensor_names_[piece.tensor_id]);
@@ -262,21 +337,48 @@ std::string Engine::pending_report() {
   return out.str();
 }
 
-void Engine::wait_all(int64_t timeout_ms) {
-  std::unique_lock<std::mutex> lock(mu_);
+void Engine::wait_done_locked(std::unique_lock<std::mutex>& lock, int64_t count,
+                              int64_t timeout_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  bool finished = done_cv_.wait_until(lock, deadline, [this] {
-    return !error_.empty() || completed_ == static_cast<int64_t>(plan_.size()) || stopping();
+  bool finished = done_cv_.wait_until(lock, deadline, [&] {
+    return !error_.empty() || completed_ >= count || stopping();
   });
   TORCH_CHECK(error_.empty(), "commsched: ", error_);
   TORCH_CHECK(!stopping(), "commsched: engine was shut down while waiting");
   TORCH_CHECK(finished, "commsched: timed out after ", timeout_ms / 1000.0,
               " s (COMMSCHED_TIMEOUT) with ", plan_.size() - completed_, " of ", plan_.size(),
               " blocks unfinished:", pending_report());
+}
+
+void Engine::wait_all(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  wait_done_locked(lock, static_cast<int64_t>(plan_.size()), timeout_ms);
   for (const auto& event : done_events_) DeviceSync::current_stream_wait(event);
   last_timings_ = timings_;
   last_ready_us_ = ready_us_;
   reset_iteration_locked();
+}
+
+void Engine::wait_block(int64_t position, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  TORCH_CHECK(position >= 0 && position < static_cast<int64_t>(plan_.size()),
+              "commsched: no block at plan position ", position);
+  wait_done_locked(lock, position + 1, timeout_ms);
+  for (int64_t pos = 0; pos <= position; ++pos) DeviceSync::current_stream_wait(done_events_[pos]);
+}
+
+void Engine::release(int64_t position) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK(error_.empty(), "commsched: engine failed earlier: ", error_);
+    TORCH_CHECK(position >= 0 && position < static_cast<int64_t>(plan_.size()) &&
+                    plan_[position].released_by_caller,
+                "commsched: block at position ", position, " is not a forward-stage block");
+    TORCH_CHECK(block_pending_[position] == 1, "commsched: block ", plan_[position].block_id,
+                " released twice in one iteration");
+    block_pending_[position] = 0;
+  }
+  ready_queue_.push(position);
 }
 
 std::vector<int64_t> Engine::last_ready_us() {

@@ -50,6 +50,12 @@ class Engine {
   std::vector<int64_t> not_ready_tensors();
   // Waits for every block of the iteration; on success resets the state for the next one.
   void wait_all(int64_t timeout_ms);
+  // Waits until the block at plan `position` (and so every block before it) has completed.
+  void wait_block(int64_t position, int64_t timeout_ms);
+  // Makes a caller-released (forward-stage) block ready to launch.
+  void release(int64_t position);
+  // Most bytes in flight at once (0: no limit); one block is always allowed.
+  void set_credit(int64_t bytes);
   std::vector<int64_t> last_ready_us();
   std::vector<BlockTiming> last_block_timings();
   Timeline& timeline() { return timeline_; }
@@ -59,7 +65,9 @@ class Engine {
  private:
   struct InFlight {
     int64_t position;
-    at::Tensor buffer;
+    int64_t bytes;
+    at::Tensor buffer;  // the collective's input (for allreduce also its output)
+    at::Tensor output;
     std::unique_ptr<PendingCollective> collective;
     std::optional<c10::Stream> stream;
   };
@@ -69,6 +77,10 @@ class Engine {
   void launch(int64_t position);
   void complete(InFlight& item);
   void fail(const std::string& message);
+  void acquire_credit(int64_t bytes);
+  void return_credit(int64_t bytes);
+  at::Tensor source_shard(const BlockSpec& block);
+  void wait_done_locked(std::unique_lock<std::mutex>& lock, int64_t count, int64_t timeout_ms);
   std::string pending_report();
   void reset_iteration_locked();
   bool stopping() const { return stop_.load(); }
@@ -84,6 +96,7 @@ class Engine {
   std::vector<std::vector<int64_t>> tensor_blocks_;  // tensor id -> plan positions holding it
   std::vector<int64_t> block_pending_;                // tensors of the block not yet ready
   std::vector<at::Tensor> grads_;
+  std::vector<at::Tensor> shards_;                    // reduce-scatter outputs by plan position
   std::vector<std::shared_ptr<c10::Event>> ready_events_;
   std::vector<int64_t> ready_us_;                     // -1: not ready in this iteration
   std::vector<std::shared_ptr<c10::Event>> done_events_;
@@ -99,6 +112,11 @@ class Engine {
   std::mutex flight_mu_;
   std::condition_variable flight_cv_;
   std::deque<InFlight> in_flight_;
+
+  std::mutex credit_mu_;
+  std::condition_variable credit_cv_;
+  int64_t credit_bytes_ = 0;
+  int64_t in_flight_bytes_ = 0;
 
   std::atomic<bool> stop_{false};
   std::thread engine_thread_;

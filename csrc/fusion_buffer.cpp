@@ -27,14 +27,22 @@ bool FusionBuffer::is_zero_copy(const BlockSpec& block, const std::vector<at::Te
          grad.scalar_type() == block.wire_dtype;
 }
 
-at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tensor>& grads) {
+int64_t FusionBuffer::padded(int64_t numel, int64_t world_size) {
+  return (numel + world_size - 1) / world_size * world_size;
+}
+
+at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tensor>& grads,
+                              int64_t padded_numel) {
   TORCH_INTERNAL_ASSERT(!block.pieces.empty(), "block ", block.block_id, " has no pieces");
+  const int64_t total = numel(block);
+  TORCH_INTERNAL_ASSERT(padded_numel >= total, "padding shorter than the block");
   at::Tensor buffer;
-  if (is_zero_copy(block, grads)) {
+  if (padded_numel == total && is_zero_copy(block, grads)) {
     buffer = grads[block.pieces[0].tensor_id];
   } else {
     const auto& first = grads[block.pieces[0].tensor_id];
-    buffer = at::empty({numel(block)}, first.options().dtype(block.wire_dtype));
+    buffer = at::empty({padded_numel}, first.options().dtype(block.wire_dtype));
+    if (padded_numel > total) buffer.narrow(0, total, padded_numel - total).zero_();
     int64_t pos = 0;
     for (const auto& piece : block.pieces) {
       const auto& grad = grads[piece.tensor_id];
@@ -51,7 +59,7 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
 void FusionBuffer::unpack(const BlockSpec& block, const at::Tensor& buffer,
                           const std::vector<at::Tensor>& grads) {
   if (block.postscale != 1.0) buffer.mul_(block.postscale);
-  if (is_zero_copy(block, grads)) return;
+  if (is_zero_copy(block, grads) && buffer.is_same(grads[block.pieces[0].tensor_id])) return;
   int64_t pos = 0;
   for (const auto& piece : block.pieces) {
     auto target = piece_view(grads[piece.tensor_id], piece);

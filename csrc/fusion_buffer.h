@@ -14,13 +14,17 @@ class FusionBuffer {
  public:
   // Returns the buffer the collective runs on. When the block is one whole contiguous gradient
   // of the wire dtype, that gradient itself is returned (no copy), as Horovod does.
-  static at::Tensor pack(const BlockSpec& block, const std::vector<at::Tensor>& grads);
+  // `padded_numel` >= numel(block): reduce-scatter needs a multiple of the world size; the tail
+  // is zero.
+  static at::Tensor pack(const BlockSpec& block, const std::vector<at::Tensor>& grads,
+                         int64_t padded_numel);
   // Scales the reduced buffer and writes each piece back into its gradient (no-op for the
   // zero-copy case apart from the scaling).
   static void unpack(const BlockSpec& block, const at::Tensor& buffer,
                      const std::vector<at::Tensor>& grads);
   static int64_t numel(const BlockSpec& block);
   static bool is_zero_copy(const BlockSpec& block, const std::vector<at::Tensor>& grads);
+  static int64_t padded(int64_t numel, int64_t world_size);
 };
 
 }  // namespace commsched

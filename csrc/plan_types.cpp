@@ -21,6 +21,10 @@ const char* collective_name(Collective op) {
   switch (op) {
     case Collective::kAllreduce:
       return "allreduce";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllGather:
+      return "all_gather";
   }
   return "unknown";
 }

@@ -9,7 +9,7 @@
 
 namespace commsched {
 
-enum class Collective : int64_t { kAllreduce = 0 };
+enum class Collective : int64_t { kAllreduce = 0, kReduceScatter = 1, kAllGather = 2 };
 
 // A contiguous slice [offset, offset + numel) of one gradient (flattened view).
 struct PieceSpec {
@@ -25,6 +25,11 @@ struct BlockSpec {
   c10::ScalarType wire_dtype;  // dtype of the fusion buffer on the wire
   double prescale;             // applied to the packed buffer before the collective
   double postscale;            // applied after it (e.g. 1/world for Average)
+  // Forward-stage blocks are not launched by gradient readiness but when the caller releases
+  // them (DeAR's all-gather, just ahead of the layer that needs it).
+  bool released_by_caller = false;
+  // For an all-gather: plan position of the reduce-scatter whose shard it gathers; else -1.
+  int64_t source = -1;
 };
 
 c10::ScalarType scalar_type_from_name(const std::string& name);

@@ -27,22 +27,31 @@ ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGro
   TORCH_CHECK(group_, "commsched: ProcessGroupTransport needs a process group");
 }
 
-std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op,
-                                                                 at::Tensor& buffer) {
+std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, at::Tensor& input,
+                                                                 at::Tensor& output) {
   switch (op) {
     case Collective::kAllreduce: {
-      std::vector<at::Tensor> tensors{buffer};
+      std::vector<at::Tensor> tensors{input};
       c10d::AllreduceOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
       return std::make_unique<WorkCollective>(group_->allreduce(tensors, options));
     }
+    case Collective::kReduceScatter: {
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      return std::make_unique<WorkCollective>(group_->_reduce_scatter_base(output, input, options));
+    }
+    case Collective::kAllGather:
+      return std::make_unique<WorkCollective>(group_->_allgather_base(output, input));
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
 }
 
 int64_t ProcessGroupTransport::world_size() const { return group_->getSize(); }
 
-std::unique_ptr<PendingCollective> LocalTransport::launch(Collective, at::Tensor&) {
+std::unique_ptr<PendingCollective> LocalTransport::launch(Collective op, at::Tensor& input,
+                                                          at::Tensor& output) {
+  if (op != Collective::kAllreduce) output.copy_(input);
   return std::make_unique<DoneCollective>();
 }
 

@@ -23,14 +23,19 @@ class PendingCollective {
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& buffer) = 0;
+  // allreduce: in place on `input` (`output` is `input`). reduce_scatter: `input` holds
+  // world_size equal shards, `output` receives this rank's reduced shard. all_gather: `input` is
+  // this rank's shard, `output` receives every rank's shard in rank order.
+  virtual std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
+                                                    at::Tensor& output) = 0;
   virtual int64_t world_size() const = 0;
 };
 
 class ProcessGroupTransport : public Transport {
  public:
   explicit ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group);
-  std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& buffer) override;
+  std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
+                                            at::Tensor& output) override;
   int64_t world_size() const override;
 
  private:
@@ -40,7 +45,8 @@ class ProcessGroupTransport : public Transport {
 // World size 1: the sum over one rank is the tensor itself.
 class LocalTransport : public Transport {
  public:
-  std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& buffer) override;
+  std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
+                                            at::Tensor& output) override;
   int64_t world_size() const override { return 1; }
 };
 

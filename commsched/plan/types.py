@@ -12,10 +12,13 @@ class Collective(enum.IntEnum):
     """Values match commsched._C's Collective codes."""
 
     ALLREDUCE = 0
+    REDUCE_SCATTER = 1
+    ALL_GATHER = 2
 
 
 class Stage(enum.StrEnum):
-    BACKWARD = "backward"
+    BACKWARD = "backward"  # launched when its gradients are ready
+    FORWARD = "forward"  # launched when released just ahead of the next forward pass
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Block:
     dtype: str
     op: Collective = Collective.ALLREDUCE
     stage: Stage = Stage.BACKWARD
+    source: int | None = None  # all-gather: block_id of the reduce-scatter it completes
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Plan:
     @property
     def fingerprint(self) -> str:
         canonical = [self.policy] + [
-            [b.block_id, int(b.op), b.stage.value, b.dtype,
+            [b.block_id, int(b.op), b.stage.value, b.dtype, b.source,
              [[p.tensor_id, p.offset, p.numel] for p in b.pieces]]
             for b in self.blocks
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import distributed_test
 
@@ -15,9 +16,9 @@ def _partition_job() -> dict:
     engine = _C.Engine(world.process_group, ["a", "b", "c"], 20_000)
     half = 1.0 / world.size
     engine.install_plan([
-        (0, _C.ALLREDUCE, "float32", 1.0, half, [(0, 2, 3), (1, 0, 4)]),
-        (1, _C.ALLREDUCE, "float32", 1.0, half, [(0, 0, 2)]),
-        (2, _C.ALLREDUCE, "float16", 2.0, half / 2.0, [(2, 0, 3)]),  # fp64 on an fp16 wire
+        (0, _C.ALLREDUCE, "float32", 1.0, half, [(0, 2, 3), (1, 0, 4)], False, -1),
+        (1, _C.ALLREDUCE, "float32", 1.0, half, [(0, 0, 2)], False, -1),
+        (2, _C.ALLREDUCE, "float16", 2.0, half / 2.0, [(2, 0, 3)], False, -1),  # fp64 on an fp16 wire
     ])
     out = {}
     for iteration in range(2):
@@ -64,8 +65,8 @@ def _timeout_job() -> str:
 
     world = commsched.init()
     engine = _C.Engine(world.process_group, ["first", "second"], 3000)
-    engine.install_plan([(0, _C.ALLREDUCE, "float32", 1.0, 1.0, [(0, 0, 4)]),
-                         (1, _C.ALLREDUCE, "float32", 1.0, 1.0, [(1, 0, 4)])])
+    engine.install_plan([(0, _C.ALLREDUCE, "float32", 1.0, 1.0, [(0, 0, 4)], False, -1),
+                         (1, _C.ALLREDUCE, "float32", 1.0, 1.0, [(1, 0, 4)], False, -1)])
     engine.mark_ready(0, torch.ones(4))
     if world.rank == 0:
         engine.mark_ready(1, torch.ones(4))
@@ -86,3 +87,47 @@ def test_timeout_names_blocks_and_missing_tensors() -> None:
     assert "block 1" in results[1] and "'second'" in results[1]
     assert "COMMSCHED_TIMEOUT" in results[1]
     assert "block 1" in results[0]
+
+
+def _decoupled_job() -> dict:
+    """DeAR's shape: reduce-scatter in backward, all-gather released later by the caller."""
+    import commsched
+    from commsched import _C
+
+    world = commsched.init()
+    rank, size = world.rank, world.size
+    engine = _C.Engine(world.process_group, ["w1", "w2", "b"], 20_000)
+    engine.set_credit(8)  # smaller than any block: one block in flight at a time
+    avg = 1.0 / size
+    engine.install_plan([
+        (0, _C.REDUCE_SCATTER, "float32", 1.0, 1.0, [(0, 0, 5), (1, 0, 2)], False, -1),  # 7 -> pad
+        (1, _C.ALLREDUCE, "float32", 1.0, avg, [(2, 0, 3)], False, -1),
+        (2, _C.ALL_GATHER, "float32", 1.0, avg, [(0, 0, 5), (1, 0, 2)], True, 0),
+    ])
+    w1, w2, b = (torch.full((5,), float(rank + 1)), torch.arange(2.0) * (rank + 1),
+                 torch.full((3,), 10.0 * rank))
+    for tid, grad in ((2, b), (1, w2), (0, w1)):
+        engine.mark_ready(tid, grad)
+    engine.wait_block(1, 20_000)  # reduce-scatter and allreduce done, all-gather not released
+    out = {"b": b.tolist(), "w1_before_gather": w1.tolist()}
+    engine.release(2)
+    engine.wait_all(20_000)
+    out.update(w1=w1.tolist(), w2=w2.tolist())
+    try:
+        engine.release(1)
+    except RuntimeError as err:
+        out["bad_release"] = str(err)
+    engine.shutdown()
+    return out
+
+
+def test_reduce_scatter_all_gather_release_and_credit() -> None:
+    size = 3
+    results = distributed_test(_decoupled_job, world_size=size, timeout=90)
+    mean = sum(r + 1 for r in range(size)) / size
+    for rank, out in results.items():
+        assert out["b"] == pytest.approx([10.0 * sum(range(size)) / size] * 3)
+        assert out["w1_before_gather"] == [float(rank + 1)] * 5  # untouched until all-gather
+        assert out["w1"] == pytest.approx([mean] * 5)
+        assert out["w2"] == pytest.approx([0.0, mean])
+        assert "not a forward-stage block" in out["bad_release"]
