@@ -27,6 +27,14 @@ class Policy(enum.StrEnum):
     HOROVOD = "horovod"
     DDP = "ddp"
     MGWFBP = "mgwfbp"
+    BYTESCHEDULER = "bytescheduler"
+    PROPHET = "prophet"
+    DEAR = "dear"
+
+    @property
+    def overlaps_iterations(self) -> bool:
+        """Updates are applied in the next forward pass (needs ``model=``)."""
+        return self in (Policy.BYTESCHEDULER, Policy.PROPHET, Policy.DEAR)
 
 
 class Kind(enum.Enum):
@@ -77,9 +85,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("timeout", Kind.SECONDS, 300.0, "Limit of every wait (collectives, bootstrap, flush); "
          "its error names the blocks and tensors that were not ready.", minimum=0,
          exclusive_minimum=True, maximum=7 * 24 * 3600),
-    Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod` policy: most bytes fused into one "
-         "collective (0 disables fusion).", minimum=0, maximum=1 << 40,
-         horovod_twin="HOROVOD_FUSION_THRESHOLD"),
+    Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod`: most bytes fused into one "
+         "collective (0 disables fusion); `dear`: most bytes of one reduce-scatter buffer.",
+         minimum=0, maximum=1 << 40, horovod_twin="HOROVOD_FUSION_THRESHOLD"),
     Knob("cycle_time", Kind.MILLISECONDS, 1.0, "`horovod` policy: tensors that become ready within "
          "one cycle are fused together.", minimum=0, maximum=60_000,
          horovod_twin="HOROVOD_CYCLE_TIME"),
@@ -94,6 +102,12 @@ KNOBS: tuple[Knob, ...] = (
          "fitted from the profiled collectives.", minimum=0, maximum=10),
     Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "
          "fitted from the profiled collectives.", minimum=0, maximum=1),
+    Knob("partition_bytes", Kind.BYTES, 4 * MiB, "`bytescheduler`, `prophet`: tensors are split "
+         "into partitions of at most this many bytes.", minimum=1, maximum=1 << 40),
+    Knob("credit_bytes", Kind.BYTES, 16 * MiB, "Most bytes of collectives in flight at once "
+         "(0: no limit); one block is always allowed.", minimum=0, maximum=1 << 40),
+    Knob("profile", Kind.PATH, "", "Write the profile (ready times, module forward times, fitted "
+         "alpha/beta per collective) as JSON to this path (rank 0)."),
     Knob("timeline", Kind.PATH, "", "Chrome-trace JSON per rank (`{rank}` in the path is replaced, "
          "else `.rank<N>` is inserted before the extension)."),
 )
@@ -112,6 +126,9 @@ class Config:
     profile_steps: int
     alpha: float | None
     beta: float | None
+    partition_bytes: int
+    credit_bytes: int
+    profile: str
     timeline: str
 
     def as_dict(self) -> dict[str, Any]:

@@ -60,9 +60,19 @@ class EngineHandle:
     def wait(self) -> None:
         """Waits for every block of the iteration, then records it for the profiler."""
         self._engine.wait_all(self.timeout_ms)
-        self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings())
+        ops = [b.op.name.lower() for b in self.plan.blocks] if self.plan else []
+        self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings(), ops)
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
+
+    def wait_block(self, position: int) -> None:
+        self._engine.wait_block(position, self.timeout_ms)
+
+    def release(self, position: int) -> None:
+        self._engine.release(position)
+
+    def set_credit(self, nbytes: int) -> None:
+        self._engine.set_credit(nbytes)
 
     def mark(self, name: str) -> None:
         if self.timeline:

@@ -9,6 +9,7 @@ engine launches the plan's blocks in order on its own threads; ``synchronize()``
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import warnings
 from collections.abc import Iterable, Iterator
@@ -22,8 +23,10 @@ from .config import Config, Policy, load_config
 from .consistency import check_identical, parameter_signature
 from .engine import EngineHandle
 from .ops import Average, ReduceOp, resolve_op
+from .overlap import OverlapRunner
 from .params import make_specs, resolve_groups, resolve_names
 from .plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
+from .profiler import profile_document
 
 log = logging.getLogger("commsched")
 
@@ -50,7 +53,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _cs_setup(self, named: list[tuple[str, torch.Tensor]], compression: type[Compressor],
                   backward_passes_per_step: int, op: ReduceOp, predivide: float,
                   group_of: dict[int, int], sparse_as_dense: bool, model: Any,
-                  config: Config) -> None:
+                  config: Config, base_cls: type[torch.optim.Optimizer]) -> None:
         world = bootstrap.init(config.timeout)
         self._cs_world = world
         self._cs_config = config
@@ -76,8 +79,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "groups": [s.group for s in self._cs_specs]}
         check_identical(world, "commsched settings", sorted(settings.items()))
         self._cs_engine = EngineHandle(world, self._cs_specs, config.timeout, config.timeline)
+        self._cs_engine.set_credit(config.credit_bytes)
+        self._cs_runner = None
+        if config.policy.overlaps_iterations:
+            check_overlap_allowed(config.policy, model, base_cls)
+            self._cs_runner = OverlapRunner(self, base_cls, model, self._cs_params, self._cs_engine)
         self._cs_replan_at, first_plan = self._cs_first_plan()
         self._cs_install(first_plan)
+        if self._cs_replan_at is None and self._cs_runner is not None:
+            self._cs_runner.activate(first_plan)
         self._cs_hooks = [p.register_post_accumulate_grad_hook(self._cs_make_hook(tid))
                           for tid, p in enumerate(self._cs_params) if p.numel() > 0]
 
@@ -105,10 +115,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         profile, net = self._cs_world.broadcast_object(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta)))
         plan = make_plan(cfg.policy, self._cs_specs, profile, net, cfg)
+        self._cs_write_profile()
         log.info("commsched: rank %d installs %s plan %s: %d blocks (alpha=%.3g s, beta=%.3g s/B)",
                  self._cs_world.rank, plan.policy, plan.fingerprint, len(plan.blocks), net.alpha,
                  net.beta)
         self._cs_install(plan)
+        if self._cs_runner is not None:
+            self._cs_runner.activate(plan)
+
+    def _cs_write_profile(self) -> None:
+        path = self._cs_config.profile
+        if not path or self._cs_world.rank != 0:
+            return
+        modules = self._cs_runner.modules if self._cs_runner else None
+        doc = profile_document(self._cs_specs, self._cs_engine.profiler, self._cs_world.size,
+                               modules.order if modules else [], modules.times if modules else {})
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=1)
 
     def _cs_install(self, plan: Plan) -> None:
         check_identical(self._cs_world, "plan fingerprints", [plan.policy, plan.fingerprint])
@@ -124,6 +147,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _cs_make_hook(self, tensor_id: int):  # noqa: ANN202 - autograd hook
         def hook(param: torch.Tensor) -> None:
+            if self._cs_runner is not None and self._cs_runner.open:
+                # No forward pass of `model` closed the previous iteration: do it now.
+                self._cs_runner.finish()
             remaining = self._cs_delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(_TOO_MANY_BACKWARDS)
@@ -146,8 +172,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # -- Horovod's public surface ---------------------------------------------------------------
 
-    def synchronize(self) -> None:
-        """Reduces every gradient; missing ones count as zeros, as in Horovod."""
+    def _cs_launch_rest(self) -> None:
+        """Marks every gradient not produced on this rank as ready, as zeros (Horovod's rule:
+        another rank may have computed it)."""
         engine = self._cs_engine
         for tensor_id in engine.not_ready():
             param = self._cs_params[tensor_id]
@@ -156,13 +183,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif param.grad.is_sparse:
                 param.grad = param.grad.to_dense()
             engine.mark_ready(tensor_id, param.grad)
-        engine.wait()
+
+    def _cs_end_iteration(self) -> None:
         self._cs_delay = [self.backward_passes_per_step] * len(self._cs_specs)
         self._cs_iteration += 1
-        engine.mark(f"iteration {self._cs_iteration}")
+        self._cs_engine.mark(f"iteration {self._cs_iteration}")
         if self._cs_iteration == self._cs_replan_at:
             self._cs_replan()
+
+    def synchronize(self) -> None:
+        """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
+        self.flush()
+        self._cs_launch_rest()
+        self._cs_engine.wait()
+        self._cs_end_iteration()
         self._cs_synchronized = True
+
+    def flush(self) -> None:
+        """Applies every update still pending from cross-iteration overlap."""
+        if self._cs_runner is not None:
+            self._cs_runner.finish()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -173,12 +213,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._cs_should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
+        runner = self._cs_runner
+        if self._cs_should_synchronize and runner is not None and runner.active \
+                and not self._cs_synchronized:
+            if closure is not None:
+                raise ValueError(f"commsched: policy '{self._cs_config.policy.value}' defers the "
+                                 "update to the next forward pass and cannot run a closure")
+            runner.finish()
+            self._cs_launch_rest()
+            runner.begin()
+            self._cs_end_iteration()
+            return None
         if self._cs_should_synchronize:
             if self._cs_synchronized:
                 warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
         self._cs_synchronized = False
         return super().step(closure)
+
+    def state_dict(self) -> dict[str, Any]:
+        self.flush()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.flush()
+        super().load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._cs_pending:
@@ -190,6 +249,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
         self.backward_passes_per_step = passes
         self._cs_delay = [passes] * len(self._cs_specs)
+
+
+# Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.
+_UNSPLITTABLE = (torch.optim.LBFGS,)
+
+
+def check_overlap_allowed(policy: Policy, model: Any, base_cls: type) -> None:
+    if model is None or not isinstance(model, torch.nn.Module):
+        raise ValueError(f"commsched: policy '{policy.value}' applies each update in the next "
+                         "forward pass and needs the model: DistributedOptimizer(..., model=model)")
+    if issubclass(base_cls, _UNSPLITTABLE):
+        raise ValueError(f"commsched: {base_cls.__name__} needs all gradients at once and cannot "
+                         f"be split into per-block updates as policy '{policy.value}' does; use "
+                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous)")
 
 
 def _adopt_attributes(wrapped: torch.optim.Optimizer, original: torch.optim.Optimizer) -> None:
@@ -238,5 +311,6 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     wrapped.state = optimizer.state
     _adopt_attributes(wrapped, optimizer)
     wrapped._cs_setup(named, resolve(compression), backward_passes_per_step, reduce_op,
-                      float(gradient_predivide_factor), group_of, sparse_as_dense, model, config)
+                      float(gradient_predivide_factor), group_of, sparse_as_dense, model, config,
+                      optimizer.__class__)
     return wrapped

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .plan import NetModel, Profile
+from .plan import NetModel, Profile, TensorSpec
 
 DEFAULT_NET = NetModel()
 
@@ -39,16 +39,22 @@ class Profiler:
 
     num_tensors: int
     ready_samples: list[list[float]] = field(default_factory=list)
-    collective_samples: list[tuple[int, float]] = field(default_factory=list)
+    samples_by_op: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
-    def record(self, ready_us: Sequence[int], block_timings: Sequence[tuple[int, ...]]) -> None:
+    @property
+    def collective_samples(self) -> list[tuple[int, float]]:
+        return self.samples_by_op.get("allreduce", [])
+
+    def record(self, ready_us: Sequence[int], block_timings: Sequence[tuple[int, ...]],
+               ops: Sequence[str] | None = None) -> None:
         marked = [t for t in ready_us if t >= 0]
         if marked:
             first = min(marked)
             self.ready_samples.append([(t - first) / 1e6 if t >= 0 else -1.0 for t in ready_us])
-        for _block, nbytes, _ready, launch, done, service in block_timings:
+        for position, (_block, nbytes, _ready, launch, done, service) in enumerate(block_timings):
             if launch >= 0 and done >= 0:
-                self.collective_samples.append((nbytes, service / 1e6))
+                op = ops[position] if ops else "allreduce"
+                self.samples_by_op.setdefault(op, []).append((nbytes, service / 1e6))
 
     @property
     def iterations(self) -> int:
@@ -66,7 +72,32 @@ class Profiler:
             times.append(statistics.median(seen) if seen else 0.0)
         return Profile(tuple(times))
 
-    def net_model(self, alpha: float | None = None, beta: float | None = None) -> NetModel:
-        fitted = fit_alpha_beta(self.collective_samples)
+    def net_model(self, alpha: float | None = None, beta: float | None = None,
+                  op: str = "allreduce") -> NetModel:
+        fitted = fit_alpha_beta(self.samples_by_op.get(op, []))
         return NetModel(fitted.alpha if alpha is None else alpha,
                         fitted.beta if beta is None else beta)
+
+
+PROFILE_SCHEMA_VERSION = 1
+
+
+def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size: int,
+                     module_order: Sequence[str], module_times: dict[str, list[float]]) -> dict:
+    """The JSON written to COMMSCHED_PROFILE; the schema is documented in docs/profile.md."""
+    profile = profiler.profile()
+    tensors = [{"id": s.tensor_id, "name": s.name, "numel": s.numel, "dtype": s.dtype,
+                "bytes": s.nbytes, "forward_index": s.forward_index,
+                "ready_time_s": profile.ready_times[s.tensor_id] if profile.measured else None}
+               for s in specs]
+    modules = [{"name": name, "forward_order": i,
+                "forward_time_s": statistics.median(module_times[name]) if module_times.get(name) else None}
+               for i, name in enumerate(module_order)]
+    collectives = {}
+    for op, samples in sorted(profiler.samples_by_op.items()):
+        net = fit_alpha_beta(samples)
+        collectives[op] = {"alpha_s": net.alpha, "beta_s_per_byte": net.beta,
+                           "samples": [[n, t] for n, t in samples]}
+    return {"schema_version": PROFILE_SCHEMA_VERSION, "world_size": world_size,
+            "iterations": profiler.iterations, "tensors": tensors, "modules": modules,
+            "collectives": collectives}

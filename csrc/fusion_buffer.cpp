@@ -38,7 +38,7 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
   TORCH_INTERNAL_ASSERT(padded_numel >= total, "padding shorter than the block");
   at::Tensor buffer;
   if (padded_numel == total && is_zero_copy(block, grads)) {
-    buffer = grads[block.pieces[0].tensor_id];
+    buffer = grads[block.pieces[0].tensor_id].view(-1);
   } else {
     const auto& first = grads[block.pieces[0].tensor_id];
     buffer = at::empty({padded_numel}, first.options().dtype(block.wire_dtype));
@@ -59,7 +59,9 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
 void FusionBuffer::unpack(const BlockSpec& block, const at::Tensor& buffer,
                           const std::vector<at::Tensor>& grads) {
   if (block.postscale != 1.0) buffer.mul_(block.postscale);
-  if (is_zero_copy(block, grads) && buffer.is_same(grads[block.pieces[0].tensor_id])) return;
+  if (is_zero_copy(block, grads) &&
+      buffer.data_ptr() == grads[block.pieces[0].tensor_id].data_ptr())
+    return;
   int64_t pos = 0;
   for (const auto& piece : block.pieces) {
     auto target = piece_view(grads[piece.tensor_id], piece);

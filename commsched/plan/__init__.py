@@ -6,9 +6,12 @@ One module per policy; no processes, no torch.distributed.
 from __future__ import annotations
 
 from ..config import Config, Policy
+from .bytescheduler import plan_bytescheduler
 from .ddp import plan_ddp
+from .dear import plan_dear
 from .horovod import plan_horovod
 from .mgwfbp import plan_mgwfbp
+from .prophet import plan_prophet
 from .types import Block, Collective, NetModel, Piece, Plan, Profile, Stage, TensorSpec
 from .units import layerwise
 
@@ -23,6 +26,12 @@ def make_plan(policy: Policy, specs: list[TensorSpec], profile: Profile, net: Ne
         blocks = plan_ddp(specs, profile, cfg)
     elif policy is Policy.MGWFBP:
         blocks = plan_mgwfbp(specs, profile, net, cfg)
+    elif policy is Policy.BYTESCHEDULER:
+        blocks = plan_bytescheduler(specs, profile, net, cfg)
+    elif policy is Policy.PROPHET:
+        blocks = plan_prophet(specs, profile, net, cfg)
+    elif policy is Policy.DEAR:
+        blocks = plan_dear(specs, profile, cfg)
     else:  # pragma: no cover - Policy is closed
         raise ValueError(f"no planner for policy {policy!r}")
     return Plan(policy.value, blocks)

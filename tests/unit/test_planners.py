@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from commsched.config import Policy, load_config
-from commsched.plan import NetModel, Profile, TensorSpec, make_plan, make_profiling_plan
+from commsched.plan import (
+    Collective,
+    NetModel,
+    Profile,
+    Stage,
+    TensorSpec,
+    make_plan,
+    make_profiling_plan,
+)
+from commsched.plan.bytescheduler import plan_bytescheduler
 from commsched.plan.ddp import plan_ddp
+from commsched.plan.dear import plan_dear
 from commsched.plan.horovod import plan_horovod
 from commsched.plan.mgwfbp import plan_mgwfbp
+from commsched.plan.prophet import plan_prophet, ready_steps
 
 F32 = ("float32", 4)
 
@@ -95,15 +106,65 @@ def test_mgwfbp_alpha_rule_for_started_communication() -> None:
     assert block_tensors(apart) == [[2], [1], [0]]
 
 
-def test_plans_cover_every_tensor_once_and_fingerprints_differ() -> None:
+def coverage(blocks, stage_ops) -> dict[int, list[tuple[int, int]]]:
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for block in blocks:
+        if block.op in stage_ops:
+            for p in block.pieces:
+                covered.setdefault(p.tensor_id, []).append((p.offset, p.numel))
+    return covered
+
+
+def test_plans_cover_every_element_once_and_keep_one_dtype_per_block() -> None:
     specs = specs_of([5, 0, 7, 9], [F32, F32, ("float16", 2), F32])
-    fingerprints = set()
+    numel = {s.tensor_id: s.numel for s in specs}
+    dtype = {s.tensor_id: s.dtype for s in specs}
     for policy in Policy:
-        plan = make_plan(policy, specs, Profile(), NetModel(), cfg())
-        assert sorted(plan.tensor_ids()) == [0, 2, 3]  # the empty tensor is not sent
+        plan = make_plan(policy, specs, Profile(), NetModel(), cfg(partition_bytes=8))
+        ops = ({Collective.REDUCE_SCATTER}, {Collective.ALL_GATHER}) if policy is Policy.DEAR \
+            else ({Collective.ALLREDUCE},)
+        for stage_ops in ops:
+            covered = coverage(plan.blocks, stage_ops)
+            assert sorted(covered) == [0, 2, 3], policy  # the empty tensor is not sent
+            for tid, pieces in covered.items():
+                offsets = sorted(pieces)
+                assert offsets[0][0] == 0 and sum(n for _, n in offsets) == numel[tid]
+                assert all(a[0] + a[1] == b[0] for a, b in zip(offsets, offsets[1:], strict=False))
         for block in plan.blocks:
-            assert len({s.dtype for s in specs if s.tensor_id in [p.tensor_id for p in block.pieces]}) == 1
-        fingerprints.add(plan.fingerprint)
-    assert make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg()).fingerprint == \
-        make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg()).fingerprint
-    assert len(fingerprints) >= 2
+            assert {dtype[p.tensor_id] for p in block.pieces} == {block.dtype}
+    again = make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg())
+    assert again.fingerprint == make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg()).fingerprint
+    assert again.fingerprint != make_plan(Policy.HOROVOD, specs, Profile(), NetModel(), cfg()).fingerprint
+
+
+def test_bytescheduler_sends_highest_priority_ready_partition() -> None:
+    specs = specs_of([2, 2, 4])  # 8 B, 8 B, 16 B -> t2 splits in two 8 B partitions
+    profile = Profile((2e-3, 1e-3, 0.0))
+    net = NetModel(alpha=0.0, beta=1.5e-3 / 8)  # 1.5 ms per partition
+    blocks = plan_bytescheduler(specs, profile, net, cfg(partition_bytes=8))
+    assert [(p.tensor_id, p.offset) for b in blocks for p in b.pieces] == \
+        [(2, 0), (1, 0), (0, 0), (2, 2)]
+    assert all(len(b.pieces) == 1 for b in blocks)
+
+
+def test_prophet_groups_by_steps_and_bandwidth() -> None:
+    specs = specs_of([100, 100, 2000, 1000])  # bytes 400, 400, 8000, 4000
+    profile = Profile((10.1e-3, 10e-3, 0.1e-3, 0.0))  # two steps: {t3, t2} then {t1, t0}
+    net = NetModel(alpha=0.0, beta=1e-6)  # 10 ms carry 10,000 bytes
+    blocks = plan_prophet(specs, profile, net, cfg(partition_bytes=8000))
+    assert block_tensors(blocks) == [[2], [0, 1, 3]]
+
+
+def test_prophet_steps() -> None:
+    assert ready_steps([0.0, 0.1, 10.0, 10.1]) == [0.0, 10.0]
+    assert ready_steps([0.0, 1.0, 2.0]) == [0.0]
+
+
+def test_dear_reduce_scatter_in_backward_order_then_all_gather_in_forward_order() -> None:
+    specs = specs_of([100, 100, 200, 100])  # 400, 400, 800, 400 bytes
+    profile = Profile((3e-3, 2e-3, 1e-3, 0.0))
+    blocks = plan_dear(specs, profile, cfg(fusion_threshold=800))
+    assert [(b.op, b.stage) for b in blocks] == \
+        [(Collective.REDUCE_SCATTER, Stage.BACKWARD)] * 3 + [(Collective.ALL_GATHER, Stage.FORWARD)] * 3
+    assert block_tensors(blocks) == [[3], [2], [0, 1], [0, 1], [2], [3]]
+    assert [b.source for b in blocks[3:]] == [2, 1, 0]

@@ -1,0 +1,99 @@
+"""The user's optimizer restricted to a subset of its parameters.
+
+Made with ``object.__new__`` and ``Optimizer.__init__`` rather than by copying the user
+optimizer's ``__dict__``: an LR scheduler patches ``step`` on the instance, and a copy of that
+would step every parameter. The subset optimizer shares ``state`` with the user's optimizer (so
+``state_dict()`` covers every block) and its parameter groups are views: ``params`` is the
+subset, every other key reads the hyper-parameters as they were when ``step()`` was called (an
+LR scheduler may already have moved on when the deferred update runs) and writes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class HyperParameterSnapshots:
+    """Per user param group, its hyper-parameters at the last ``step()``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = optimizer
+        self.groups: list[dict[str, Any]] = []
+        self.take()
+
+    def take(self) -> None:
+        self.groups = [{k: v for k, v in g.items() if k != "params"}
+                       for g in self._optimizer.param_groups]
+
+
+class ParamGroupView(dict):
+    def __init__(self, user_group: dict[str, Any], params: list[torch.Tensor],
+                 snapshots: HyperParameterSnapshots, index: int) -> None:
+        super().__init__(params=params)
+        self._user = user_group
+        self._snapshots = snapshots
+        self._index = index
+
+    def _hyper(self) -> dict[str, Any]:
+        return self._snapshots.groups[self._index]
+
+    def __getitem__(self, key: str) -> Any:
+        return dict.__getitem__(self, key) if key == "params" else self._hyper()[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "params":
+            dict.__setitem__(self, key, value)
+        else:
+            self._user[key] = value
+            self._hyper()[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key == "params" or key in self._hyper()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default  # noqa: SIM401 - self.get would recurse
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        return ["params", *self._hyper()]
+
+    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
+        return [(k, self[k]) for k in self.keys()]
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [self[k] for k in self.keys()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+
+def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer,
+                    params: list[torch.Tensor], snapshots: HyperParameterSnapshots
+                    ) -> torch.optim.Optimizer:
+    """An instance of `base_cls` that steps only `params`, sharing `user`'s state and groups."""
+    wanted = {id(p) for p in params}
+    sub = object.__new__(base_cls)
+    torch.optim.Optimizer.__init__(sub, [{"params": list(params)}], user.defaults)
+    for key, value in vars(user).items():
+        if key.startswith("_cs_") or key in vars(sub):
+            continue
+        if not (callable(value) and hasattr(value, "__self__")):
+            setattr(sub, key, value)
+    sub.state = user.state
+    views = []
+    for index, group in enumerate(user.param_groups):
+        members = [p for p in group["params"] if id(p) in wanted]
+        if members:
+            views.append(ParamGroupView(group, members, snapshots, index))
+    sub.param_groups = list[dict[str, Any]](views)
+    return sub

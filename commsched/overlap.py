@@ -1,0 +1,183 @@
+"""Cross-iteration overlap: ``step()`` returns while gradients are still on the wire; each
+parameter's update is applied in the forward pre-hook of the first module that uses it in the
+next iteration, just before that module runs.
+
+Timeline of one iteration (after the profiling steps):
+    backward: hooks hand gradients to the engine, which launches the plan's backward blocks
+    step():   the rest is launched; gradients are taken from ``p.grad`` (the engine owns them);
+              hyper-parameters are snapshotted; for DeAR the first all-gather is released
+    forward:  pre-hook of module m: release the all-gathers up to the one m needs plus one
+              (look-ahead), wait for the blocks m's parameters are in, apply their update with
+              the user's optimizer restricted to them
+    end of the root module's forward: wait for everything, apply what is left (parameters not
+              used in this forward), and the engine is ready for the next backward
+During the profiling steps the same hooks record the forward order and each module's time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .block_optimizer import HyperParameterSnapshots, block_optimizer
+from .plan import Collective, Plan, Stage
+
+if TYPE_CHECKING:
+    from .engine import EngineHandle
+
+
+class ModuleProfile:
+    """Forward order and per-module forward time (seconds), from module hooks."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.times: dict[str, list[float]] = {}
+        self._starts: dict[str, float] = {}
+
+    def start(self, name: str) -> None:
+        if name not in self._starts:
+            self._starts[name] = time.perf_counter()
+            if name not in self.order:
+                self.order.append(name)
+
+    def end(self, name: str) -> None:
+        started = self._starts.get(name)
+        if started is not None:
+            self.times.setdefault(name, []).append(time.perf_counter() - started)
+
+    def next_iteration(self) -> None:
+        self._starts.clear()
+
+
+class OverlapRunner:
+    def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
+                 model: nn.Module, params: list[torch.Tensor], engine: EngineHandle) -> None:
+        self._optimizer = optimizer
+        self._base_cls = base_cls
+        self._engine = engine
+        self._params = params
+        self._tid = {id(p): i for i, p in enumerate(params)}
+        self.modules = ModuleProfile()
+        self._named = dict(model.named_modules())
+        self._owned = {name: [self._tid[id(p)] for p in m.parameters(recurse=False) if id(p) in self._tid]
+                       for name, m in self._named.items()}
+        self._snapshots = HyperParameterSnapshots(optimizer)
+        self._sub_optimizers: dict[tuple[int, ...], torch.optim.Optimizer] = {}
+        self.active = False
+        self.open = False
+        self._pending: set[int] = set()
+        self._grads: dict[int, torch.Tensor] = {}
+        self._first_user: dict[str, list[int]] = {}
+        self._needs: dict[int, int] = {}
+        self._gathers: list[int] = []
+        self._released = 0
+        self._handles = []
+        for name, module in self._named.items():
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook_for(name)))
+            self._handles.append(module.register_forward_hook(self._post_hook_for(name)))
+        self._root_name = ""
+
+    # -- activation -------------------------------------------------------------------------
+
+    def activate(self, plan: Plan) -> None:
+        """Maps each parameter to the first module (in observed forward order) owning it, and to
+        the last plan position it has to wait for."""
+        first_user: dict[str, list[int]] = {}
+        assigned: set[int] = set()
+        order = self.modules.order + [n for n in self._named if n not in self.modules.order]
+        for name in order:
+            mine = [t for t in self._owned[name] if t not in assigned]
+            if mine:
+                first_user[name] = mine
+                assigned.update(mine)
+        self._first_user = first_user
+        completing = Collective.ALL_GATHER if any(b.op is Collective.ALL_GATHER for b in plan.blocks) \
+            else Collective.ALLREDUCE
+        self._needs = {}
+        for position, block in enumerate(plan.blocks):
+            if block.op is completing:
+                for piece in block.pieces:
+                    self._needs[piece.tensor_id] = position
+        self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
+        self.active = True
+
+    # -- step ---------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Called by step(): everything is launched; the updates wait for the next forward."""
+        self._snapshots.take()
+        for tid, p in enumerate(self._params):
+            if tid in self._needs:
+                self._grads[tid] = p.grad  # type: ignore[assignment]
+                p.grad = None
+        self._pending = set(self._grads)
+        self.open = True
+        self._released = 0
+        self._release_through(0)
+
+    def _release_through(self, count: int) -> None:
+        while self._released < min(count + 1, len(self._gathers)):
+            self._engine.release(self._gathers[self._released])
+            self._released += 1
+
+    def finish(self) -> None:
+        """Waits for every block of the open iteration and applies every pending update."""
+        if not self.open:
+            return
+        self._release_through(len(self._gathers))
+        self._engine.wait()
+        self._apply(sorted(self._pending))
+        self._grads.clear()
+        self.open = False
+
+    def _apply(self, tids: list[int]) -> None:
+        if not tids:
+            return
+        key = tuple(tids)
+        sub = self._sub_optimizers.get(key)
+        if sub is None:
+            sub = block_optimizer(self._base_cls, self._optimizer,
+                                  [self._params[t] for t in tids], self._snapshots)
+            self._sub_optimizers[key] = sub
+        for t in tids:
+            self._params[t].grad = self._grads[t]
+        sub.step()
+        for t in tids:
+            self._params[t].grad = None
+        self._pending.difference_update(tids)
+
+    # -- module hooks -------------------------------------------------------------------------
+
+    def _pre_hook_for(self, name: str):  # noqa: ANN202 - torch hook
+        def hook(module: nn.Module, args: Any) -> None:
+            if not self.active:
+                self.modules.start(name)
+                return
+            if not self.open:
+                return
+            tids = [t for t in self._first_user.get(name, ()) if t in self._pending]
+            if not tids:
+                return
+            need = max(self._needs[t] for t in tids)
+            if self._gathers:
+                self._release_through(self._gathers.index(need) + 1)
+            self._engine.wait_block(need)
+            self._apply(tids)
+        return hook
+
+    def _post_hook_for(self, name: str):  # noqa: ANN202 - torch hook
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if not self.active:
+                self.modules.end(name)
+                if name == self._root_name:
+                    self.modules.next_iteration()
+            elif name == self._root_name:
+                self.finish()
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
