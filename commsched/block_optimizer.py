@@ -77,6 +77,16 @@ class ParamGroupView(dict):
         return len(self.keys())
 
 
+def adopt_plain_attributes(target: torch.optim.Optimizer, source: torch.optim.Optimizer) -> None:
+    """Carries over instance attributes the optimizer's own __init__ set (fused flags, LBFGS's
+    caches) but no callables: an LR scheduler wraps ``step`` in a plain function stored on the
+    instance, and a copy of that would step the source optimizer instead."""
+    for key, value in vars(source).items():
+        if key.startswith("_cs_") or key in vars(target) or callable(value):
+            continue
+        setattr(target, key, value)
+
+
 def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer,
                     params: list[torch.Tensor], snapshots: HyperParameterSnapshots
                     ) -> torch.optim.Optimizer:
@@ -84,11 +94,7 @@ def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Opt
     wanted = {id(p) for p in params}
     sub = object.__new__(base_cls)
     torch.optim.Optimizer.__init__(sub, [{"params": list(params)}], user.defaults)
-    for key, value in vars(user).items():
-        if key.startswith("_cs_") or key in vars(sub):
-            continue
-        if not (callable(value) and hasattr(value, "__self__")):
-            setattr(sub, key, value)
+    adopt_plain_attributes(sub, user)
     sub.state = user.state
     views = []
     for index, group in enumerate(user.param_groups):

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import bootstrap
+from .block_optimizer import adopt_plain_attributes
 from .compression import Compression, Compressor, resolve
 from .config import Config, Policy, load_config
 from .consistency import check_identical, parameter_signature
@@ -265,16 +266,6 @@ def check_overlap_allowed(policy: Policy, model: Any, base_cls: type) -> None:
                          "policy='horovod', 'ddp' or 'mgwfbp' (synchronous)")
 
 
-def _adopt_attributes(wrapped: torch.optim.Optimizer, original: torch.optim.Optimizer) -> None:
-    """Carries over instance attributes the optimizer's own __init__ set (fused flags, LBFGS's
-    caches), but never bound methods: an LR scheduler patches ``step`` on the instance, and
-    copying that would step the original."""
-    for key, value in vars(original).items():
-        if key in vars(wrapped) or callable(value) and hasattr(value, "__self__"):
-            continue
-        setattr(wrapped, key, value)
-
-
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
@@ -309,7 +300,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     wrapped: _DistributedOptimizer = object.__new__(cls)
     torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
     wrapped.state = optimizer.state
-    _adopt_attributes(wrapped, optimizer)
+    adopt_plain_attributes(wrapped, optimizer)
     wrapped._cs_setup(named, resolve(compression), backward_passes_per_step, reduce_op,
                       float(gradient_predivide_factor), group_of, sparse_as_dense, model, config,
                       optimizer.__class__)

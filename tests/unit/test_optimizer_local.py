@@ -133,3 +133,23 @@ def test_sparse_gradients_need_sparse_as_dense() -> None:
     emb2(torch.tensor([1, 2])).sum().backward()
     opt.step()
     assert not emb2.weight.grad.is_sparse
+
+
+def test_scheduler_made_before_wrapping_still_goes_through_commsched(model) -> None:
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)  # patches base.step
+    opt = commsched.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    backward(model)
+    opt.step()
+    assert opt._cs_iteration == 1  # our step ran (and synchronized), not the patched original
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_overlap_policies_need_the_model_and_refuse_lbfgs(model) -> None:
+    with pytest.raises(ValueError, match="needs the model"):
+        wrap(model, policy="dear")
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    with pytest.raises(ValueError, match="LBFGS needs all gradients at once.*policy='horovod'"):
+        commsched.DistributedOptimizer(lbfgs, named_parameters=model.named_parameters(),
+                                       policy="bytescheduler", model=model)

@@ -1,0 +1,39 @@
+"""Cross-iteration overlap policies against synchronous hvd.DistributedOptimizer, through
+horovodrun on 2 and 3 ranks (one launch per world size; see overlap_parity_job.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from launch import horovodrun
+from overlap_parity_job import OVERLAP_KEYS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_cache: dict[int, dict] = {}
+
+
+def overlap_results(np: int, tmp_dir: str) -> dict:
+    if np not in _cache:
+        out = os.path.join(tmp_dir, f"overlap{np}.json")
+        # A short COMMSCHED_TIMEOUT turns a broken configuration into a quick, named failure.
+        horovodrun(np, os.path.join(HERE, "overlap_parity_job.py"), out, timeout=500,
+                   env={"COMMSCHED_TIMEOUT": "60"})
+        with open(out, encoding="utf-8") as handle:
+            _cache[np] = json.load(handle)
+    return _cache[np]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("key", OVERLAP_KEYS)
+def test_overlap_matches_synchronous_horovod(np: int, key: str, tmp_path_factory) -> None:
+    results = overlap_results(np, str(tmp_path_factory.getbasetemp()))
+    assert results["size"] == np
+    for rank, outcome in enumerate(results["results"][key]["ranks"]):
+        assert "error" not in outcome, f"rank {rank}: {outcome.get('error')}"
+        assert outcome["overlapped"], "the overlap runner never became active"
+        assert outcome["state_ok"], "state_dict() does not cover every parameter"
+        assert outcome["ok"], (f"rank {rank}: {key} differs from synchronous Horovod: params "
+                               f"{outcome['diffs']}, evaluation {outcome['eval_diff']}")
