@@ -50,6 +50,16 @@ class World:
         dist.all_gather_object(out, obj, group=self.control_group)
         return out
 
+    def new_data_group(self) -> Any | None:
+        """A process group of its own for one engine (all ranks call this together, at wrap
+        time): its collectives can then never interleave with another engine's, DDP's or the
+        user's own, which would pair different collectives across ranks once updates overlap
+        the next iteration."""
+        if self.size == 1:
+            return None
+        return dist.new_group(ranks=list(range(self.size)), backend=dist.get_backend(
+            self.process_group), timeout=datetime.timedelta(seconds=self.timeout))
+
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.size == 1:
             return obj

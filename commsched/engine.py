@@ -26,7 +26,7 @@ class EngineHandle:
                  timeline: str = "") -> None:
         self.specs = specs
         self.timeout_ms = max(1, int(timeout * 1000))
-        self._engine = _C.Engine(world.process_group, [s.name for s in specs], self.timeout_ms)
+        self._engine = _C.Engine(world.new_data_group(), [s.name for s in specs], self.timeout_ms)
         self.profiler = Profiler(len(specs))
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None

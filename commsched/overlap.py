@@ -82,18 +82,30 @@ class OverlapRunner:
 
     # -- activation -------------------------------------------------------------------------
 
+    def _runner_of(self, name: str) -> str:
+        """The module whose pre-hook must apply `name`'s parameters: `name` itself if its forward
+        ran, else its nearest ancestor that ran (nn.MultiheadAttention reads
+        ``out_proj.weight`` without calling ``out_proj``), else the root."""
+        ran = set(self.modules.order)
+        while name and name not in ran:
+            name = name.rpartition(".")[0]
+        return name
+
     def activate(self, plan: Plan) -> None:
-        """Maps each parameter to the first module (in observed forward order) owning it, and to
-        the last plan position it has to wait for."""
+        """Maps each parameter to the first module (in observed forward order) that uses it, and
+        to the last plan position it has to wait for."""
+        rank = {name: i for i, name in enumerate(self.modules.order)}
         first_user: dict[str, list[int]] = {}
-        assigned: set[int] = set()
-        order = self.modules.order + [n for n in self._named if n not in self.modules.order]
-        for name in order:
-            mine = [t for t in self._owned[name] if t not in assigned]
-            if mine:
-                first_user[name] = mine
-                assigned.update(mine)
-        self._first_user = first_user
+        earliest: dict[int, str] = {}
+        for owner, tids in self._owned.items():
+            runner = self._runner_of(owner)
+            for t in tids:
+                current = earliest.get(t)
+                if current is None or rank.get(runner, -1) < rank.get(current, -1):
+                    earliest[t] = runner
+        for t, runner in earliest.items():
+            first_user.setdefault(runner, []).append(t)
+        self._first_user = {name: sorted(tids) for name, tids in first_user.items()}
         completing = Collective.ALL_GATHER if any(b.op is Collective.ALL_GATHER for b in plan.blocks) \
             else Collective.ALLREDUCE
         self._needs = {}

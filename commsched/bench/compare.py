@@ -33,6 +33,7 @@ LOCAL = "local (no comm)"
 class Candidate:
     name: str
     step: Callable[[int], None]
+    finish: Callable[[], None] = lambda: None  # lets pending work end before others run
     times: list[float] = field(default_factory=list)
 
 
@@ -68,8 +69,9 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list
         else:
             policy = label.removeprefix("commsched:")
             opt = commsched.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
-                                                 policy=policy)
-        out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank)))
+                                                 policy=policy, model=model)
+        finish = getattr(opt, "flush", lambda: None)
+        out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish))
     return out
 
 
@@ -77,6 +79,7 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
     for cand in candidates:
         for i in range(warmup):
             cand.step(i)
+        cand.finish()
     counter = warmup
     for _ in range(rounds):
         for cand in candidates:
@@ -85,6 +88,39 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
                 cand.step(counter)
                 cand.times.append(time.perf_counter() - start)
                 counter += 1
+            # What the round left in flight is part of its cost: charge it to its last step.
+            start = time.perf_counter()
+            cand.finish()
+            cand.times[-1] += time.perf_counter() - start
+
+
+def minimal_communication_ms(model: nn.Module, repeats: int = 5) -> float:
+    """One all-reduce of every gradient byte at once: no schedule can communicate less."""
+    if commsched.size() == 1:
+        return 0.0
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    flat = torch.zeros(numel)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(flat)
+        times.append(time.perf_counter() - start)
+    slowest = [max(ts) for ts in zip(*commsched.init().all_gather_object(times), strict=True)]
+    return 1e3 * statistics.median(slowest)
+
+
+def add_bound(rows: list[dict], comm_floor_ms: float) -> dict:
+    """Lower bound of an iteration with cross-iteration overlap: max(compute, minimal comm)."""
+    by_name = {r["name"]: r["median_ms"] for r in rows}
+    compute = by_name.get(LOCAL)
+    bound = max(compute, comm_floor_ms) if compute is not None else None
+    for row in rows:
+        row["vs_bound"] = row["median_ms"] / bound if bound else None
+    hvd = by_name.get("hvd")
+    waiting = (hvd - compute) / hvd if hvd and compute is not None else None
+    return {"compute_ms": compute, "min_comm_ms": comm_floor_ms, "bound_ms": bound,
+            "hvd_waiting_fraction": waiting}
 
 
 def summarise(candidates: list[Candidate]) -> list[dict]:
@@ -110,23 +146,37 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        def ratio(v):
-            return (f"{v:.3f}" if v is not None else "-")
         lines.append(f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
-                     f"| {ratio(r['vs_hvd'])} | {ratio(r['vs_torch-ddp'])} |")
+                     f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
+                     f"| {_ratio(r.get('vs_bound'))} |")
     return "\n".join(lines)
 
 
-def write_outputs(out_dir: str, rows: list[dict], meta: dict) -> None:
+def _ratio(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def bound_lines(bound: dict) -> str:
+    def ms(v: float | None) -> str:
+        return f"{v:.1f} ms" if v is not None else "-"
+    waiting = bound["hvd_waiting_fraction"]
+    return (f"compute (local, no comm): {ms(bound['compute_ms'])}; minimal communication (one "
+            f"all-reduce of all gradients): {ms(bound['min_comm_ms'])}; bound max(compute, comm): "
+            f"{ms(bound['bound_ms'])}; hvd waits on communication "
+            f"{'-' if waiting is None else f'{100 * waiting:.0f}%'} of its iteration")
+
+
+def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "rows": rows}, handle, indent=1)
+        json.dump({"meta": meta, "bound": bound, "rows": rows}, handle, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
         handle.write(f"# {meta['model']} on {meta['world_size']} ranks\n\n"
-                     f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n")
+                     f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n\n"
+                     f"{bound_lines(bound)}\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,6 +185,10 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.barh([r["name"] for r in rows], [r["median_ms"] for r in rows],
             xerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]])
+    if bound.get("bound_ms"):
+        ax.axvline(bound["bound_ms"], color="red", linestyle="--",
+                   label="bound max(compute, min comm)")
+        ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("median iteration time (ms), whiskers p10-p90")
     ax.set_title(f"{meta['model']}, {meta['world_size']} ranks")
     fig.tight_layout()
@@ -160,14 +214,17 @@ def main(argv: list[str] | None = None) -> int:
                                  args.batch_size)
     run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates)
+    bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     if world.rank == 0:
         command = " ".join(shlex.quote(a) for a in sys.argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
-        print(markdown_table(rows), flush=True)
+        print(markdown_table(rows))
+        print("\n" + bound_lines(bound), flush=True)
         if args.out:
             write_outputs(args.out, rows, {"model": args.model.value, "world_size": world.size,
-                                           "command": command, "args": vars(args) | {"model": args.model.value}})
+                                           "command": command, "args": vars(args) | {"model": args.model.value}},
+                          bound)
     commsched.shutdown()
     return 0
 

@@ -53,11 +53,13 @@ def plan_prophet(specs: list[TensorSpec], profile: Profile, net: NetModel,
     groups: list[list[Partition]] = []
     sent: set[int] = set()
     free_at = 0.0
-    for k, step_start in enumerate(starts[:-1]):
+    for k in range(len(starts) - 1):
         next_start = starts[k + 1]
-        begin = max(free_at, step_start)
+        # The step's burst has arrived by its last ready time before the next step starts.
+        burst_end = max(p.ready for p in parts if p.ready < next_start)
+        begin = max(free_at, burst_end)
         capacity = (next_start - begin - net.alpha) / net.beta if net.beta > 0 else float("inf")
-        ready = [p for p in parts if id(p) not in sent and p.ready < next_start]
+        ready = [p for p in parts if id(p) not in sent and p.ready <= burst_end]
         chosen = _fill(ready, capacity)
         for group in _group_dtype(chosen):
             groups.append(group)

@@ -37,6 +37,8 @@ class TiedNet(nn.Module):
         self.embed = nn.Embedding(20, 8)
         self.conv = nn.Conv1d(8, 8, 3, padding=1)
         self.mid = nn.Linear(8, 8)
+        # Reads out_proj.weight without calling out_proj: its update must come before attn runs.
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
         self.sometimes = nn.Linear(8, 8)  # only on even steps: no gradient on odd ones
         self.head = nn.Linear(8, 20, bias=False)
         self.head.weight = self.embed.weight  # tied, as GPT-2's lm_head and wte
@@ -45,6 +47,7 @@ class TiedNet(nn.Module):
         x = self.embed(tokens)
         x = torch.relu(self.conv(x.transpose(1, 2))).transpose(1, 2)
         x = torch.relu(self.mid(x))
+        x = x + self.attn(x, x, x, need_weights=False)[0]
         if use_sometimes:
             x = x + self.sometimes(x)
         return self.head(x)
