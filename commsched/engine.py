@@ -6,6 +6,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.distributed as dist
 
 from . import _C
 from .bootstrap import World
@@ -26,7 +27,8 @@ class EngineHandle:
                  timeline: str = "") -> None:
         self.specs = specs
         self.timeout_ms = max(1, int(timeout * 1000))
-        self._engine = _C.Engine(world.new_data_group(), [s.name for s in specs], self.timeout_ms)
+        self._group = world.new_data_group()
+        self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
         self.profiler = Profiler(len(specs))
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
@@ -80,6 +82,9 @@ class EngineHandle:
 
     def shutdown(self) -> None:
         self._engine.shutdown()
+        if self._group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._group)
+            self._group = None
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
             self.timeline.close()

@@ -13,7 +13,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
             expect_ok: bool = True) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    # Horovod's own Gloo loop gives up after 30 s by default; 3 ranks on 2 cores can starve a
+    # rank for a while (seen once in about ten 3-rank overlap jobs).
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+                **(env or {})}
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

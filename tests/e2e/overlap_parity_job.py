@@ -133,6 +133,9 @@ def main() -> None:
             results[config_key(*config)] = compare(*config)
         except Exception:
             results[config_key(*config)] = {"ok": False, "error": traceback.format_exc()}
+        # Per-rank progress survives a failure of the final gather.
+        with open(f"{sys.argv[1]}.rank{hvd.rank()}", "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
     gathered = hvd.allgather_object(results, name="overlap.results")
     if hvd.rank() == 0:
         merged = {key: {"ranks": [r[key] for r in gathered]} for key in results}

@@ -18,11 +18,28 @@ def overlap_results(np: int, tmp_dir: str) -> dict:
     if np not in _cache:
         out = os.path.join(tmp_dir, f"overlap{np}.json")
         # A short COMMSCHED_TIMEOUT turns a broken configuration into a quick, named failure.
-        horovodrun(np, os.path.join(HERE, "overlap_parity_job.py"), out, timeout=500,
-                   env={"COMMSCHED_TIMEOUT": "60"})
+        try:
+            horovodrun(np, os.path.join(HERE, "overlap_parity_job.py"), out, timeout=500,
+                       env={"COMMSCHED_TIMEOUT": "60"})
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nper-rank progress:\n{_progress(out, np)}") from None
         with open(out, encoding="utf-8") as handle:
             _cache[np] = json.load(handle)
     return _cache[np]
+
+
+def _progress(out: str, np: int) -> str:
+    lines = []
+    for rank in range(np):
+        try:
+            with open(f"{out}.rank{rank}", encoding="utf-8") as handle:
+                done = json.load(handle)
+        except OSError:
+            lines.append(f"rank {rank}: no progress file")
+            continue
+        bad = {k: v.get("error", "not allclose")[-800:] for k, v in done.items() if not v["ok"]}
+        lines.append(f"rank {rank}: {len(done)} configurations done, failing: {bad}")
+    return "\n".join(lines)
 
 
 @pytest.mark.e2e
