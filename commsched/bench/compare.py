@@ -51,6 +51,13 @@ def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batc
     return step
 
 
+def parse_candidate(label: str) -> tuple[str, dict[str, str]]:
+    """'commsched:prophet?partition_bytes=1MiB&credit_bytes=2MiB' -> ('prophet', {...})."""
+    policy, _, query = label.removeprefix("commsched:").partition("?")
+    knobs = dict(item.split("=", 1) for item in query.split("&") if item)
+    return policy, knobs
+
+
 def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list[Candidate]:
     import horovod.torch as hvd
 
@@ -67,9 +74,9 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list
         elif label == LOCAL:
             opt = _sgd(model)
         else:
-            policy = label.removeprefix("commsched:")
+            policy, knobs = parse_candidate(label)
             opt = commsched.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
-                                                 policy=policy, model=model)
+                                                 policy=policy, model=model, **knobs)
         finish = getattr(opt, "flush", lambda: None)
         out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish))
     return out
@@ -199,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=ModelName, default=ModelName.CNN, choices=list(ModelName))
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,commsched:ddp,commsched:mgwfbp")
+    parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,commsched:ddp,"
+                        "commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"
+                        "commsched:dear?fusion_threshold=4MiB",
+                        help="comma-separated; commsched:POLICY?knob=value&knob=value sets knobs")
     parser.add_argument("--warmup", type=int, default=8, help="steps per candidate before timing "
                         "(covers commsched's profiling steps)")
     parser.add_argument("--rounds", type=int, default=3)
