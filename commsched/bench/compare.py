@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,10 +52,10 @@ def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batc
     return step
 
 
-def parse_candidate(label: str) -> tuple[str, dict[str, str]]:
+def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
     """'commsched:prophet?partition_bytes=1MiB&credit_bytes=2MiB' -> ('prophet', {...})."""
     policy, _, query = label.removeprefix("commsched:").partition("?")
-    knobs = dict(item.split("=", 1) for item in query.split("&") if item)
+    knobs: dict[str, Any] = dict(item.split("=", 1) for item in query.split("&") if item)
     return policy, knobs
 
 

@@ -38,7 +38,10 @@ class TiedNet(nn.Module):
         self.conv = nn.Conv1d(8, 8, 3, padding=1)
         self.mid = nn.Linear(8, 8)
         # Reads out_proj.weight without calling out_proj: its update must come before attn runs.
-        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        # No biases: the key bias has a zero true gradient (softmax ignores a shift), so its
+        # gradient is rounding noise that Adam scales up to whole steps, and 3-rank summation
+        # order differs from Horovod's.
+        self.attn = nn.MultiheadAttention(8, 2, bias=False, batch_first=True)
         self.sometimes = nn.Linear(8, 8)  # only on even steps: no gradient on odd ones
         self.head = nn.Linear(8, 20, bias=False)
         self.head.weight = self.embed.weight  # tied, as GPT-2's lm_head and wte
