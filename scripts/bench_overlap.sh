@@ -22,7 +22,7 @@ run transformer 8
 {
   echo "# Overlap benchmark: 2 ranks, loopback shaped to $RATE"
   echo
-  echo "Command: \`RATE=$RATE scripts/bench_overlap.sh\` (each model: one horovodrun job, candidates interleaved round by round; iteration time = slowest rank's; the flush of a round's pending work is charged to its last step)."
+  echo "Command: \`RATE=$RATE scripts/bench_overlap.sh\` (each model: one horovodrun job, candidates interleaved round by round; iteration time = slowest rank's; steady state: each round starts with one untimed step and ends with an untimed flush, so every timed step pays for exactly one earlier iteration's traffic)."
   for m in cnn transformer; do echo; sed 's/^# /## /' "$OUT/$m/results.md"; echo; echo "![$m]($m/results.png)"; done
 } > "$OUT/README.md"
 echo "bench_overlap: wrote $OUT/README.md" >&2

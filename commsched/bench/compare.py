@@ -84,6 +84,10 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list
 
 
 def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> None:
+    """Steady-state step times. Each round ends with the candidate's pending work flushed (so
+    the next candidate runs on a quiet network) and starts with one untimed step: that step has
+    nothing in flight from before, so it pays for no earlier iteration's traffic. Every timed step
+    then pays for exactly one earlier iteration, as in a long training run."""
     for cand in candidates:
         for i in range(warmup):
             cand.step(i)
@@ -91,15 +95,14 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
     counter = warmup
     for _ in range(rounds):
         for cand in candidates:
+            cand.step(counter)
+            counter += 1
             for _ in range(steps):
                 start = time.perf_counter()
                 cand.step(counter)
                 cand.times.append(time.perf_counter() - start)
                 counter += 1
-            # What the round left in flight is part of its cost: charge it to its last step.
-            start = time.perf_counter()
             cand.finish()
-            cand.times[-1] += time.perf_counter() - start
 
 
 def minimal_communication_ms(model: nn.Module, repeats: int = 5) -> float:
