@@ -16,7 +16,9 @@ setup(
         CppExtension(
             "commsched._C",
             SOURCES,
-            extra_compile_args=["-O2", "-std=c++17", "-Wall", "-Wno-unused-function"],
+            # No -std flag: BuildExtension picks the one the installed torch needs (C++17 for
+            # 2.13, C++20 for 2.14).
+            extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

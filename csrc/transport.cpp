@@ -39,10 +39,11 @@ std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, 
     case Collective::kReduceScatter: {
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
-      return std::make_unique<WorkCollective>(group_->_reduce_scatter_base(output, input, options));
+      return std::make_unique<WorkCollective>(
+          group_->reduce_scatter_single(output, input, options));
     }
     case Collective::kAllGather:
-      return std::make_unique<WorkCollective>(group_->_allgather_base(output, input));
+      return std::make_unique<WorkCollective>(group_->all_gather_single(output, input));
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
 }
