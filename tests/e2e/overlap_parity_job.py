@@ -9,10 +9,10 @@ import itertools
 import json
 import os
 import sys
-import traceback
 
 import horovod.torch as hvd
 import torch
+from job_results import gather_and_write, run_case
 from torch import nn
 
 import commsched
@@ -132,18 +132,11 @@ def main() -> None:
     for config in CONFIGS:
         if only and config_key(*config) not in only.split(","):
             continue
-        try:
-            results[config_key(*config)] = compare(*config)
-        except Exception:
-            results[config_key(*config)] = {"ok": False, "error": traceback.format_exc()}
+        run_case(results, config_key(*config), lambda c=config: compare(*c))
         # Per-rank progress survives a failure of the final gather.
         with open(f"{sys.argv[1]}.rank{hvd.rank()}", "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1)
-    gathered = hvd.allgather_object(results, name="overlap.results")
-    if hvd.rank() == 0:
-        merged = {key: {"ranks": [r[key] for r in gathered]} for key in results}
-        with open(sys.argv[1], "w", encoding="utf-8") as handle:
-            json.dump({"size": hvd.size(), "results": merged}, handle, indent=1)
+    gather_and_write(results, sys.argv[1], "overlap.results")
     commsched.shutdown()
 
 

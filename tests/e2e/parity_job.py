@@ -8,12 +8,11 @@ Many configurations share one launch because spawning ranks costs seconds.
 from __future__ import annotations
 
 import itertools
-import json
 import sys
-import traceback
 
 import horovod.torch as hvd
 import torch
+from job_results import gather_and_write, run_case
 from torch import nn
 
 import commsched
@@ -113,22 +112,11 @@ def main() -> None:
     commsched.init()
     results = {}
     for config in CONFIGS:
-        key = config_key(*config)
-        try:
-            results[key] = compare(*config)
-        except Exception:  # reported per configuration, the others still run
-            results[key] = {"ok": False, "error": traceback.format_exc()}
+        run_case(results, config_key(*config), lambda c=config: compare(*c))
     # Negative control: summing instead of averaging must be detected as a mismatch.
-    try:
-        results["control-sum-vs-average"] = compare("horovod", "sgd", 1, "none",
-                                                           op=commsched.Sum)
-    except Exception:
-        results["control-sum-vs-average"] = {"ok": False, "error": traceback.format_exc()}
-    gathered = hvd.allgather_object(results, name="parity.results")
-    if hvd.rank() == 0:
-        merged = {key: {"ranks": [r[key] for r in gathered]} for key in results}
-        with open(sys.argv[1], "w", encoding="utf-8") as handle:
-            json.dump({"size": hvd.size(), "results": merged}, handle, indent=1)
+    run_case(results, "control-sum-vs-average",
+             lambda: compare("horovod", "sgd", 1, "none", op=commsched.Sum))
+    gather_and_write(results, sys.argv[1], "parity.results")
     commsched.shutdown()
 
 
