@@ -4,6 +4,7 @@ specs the planner reads."""
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,8 +29,8 @@ def resolve_names(optimizer: torch.optim.Optimizer,
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
         raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
                          "usually produced by model.named_parameters().")
-    seen: set[str] = set()
-    dups = sorted({name for name, _ in named if name in seen or seen.add(name)})  # type: ignore[func-returns-value]
+    counts = Counter(name for name, _ in named)
+    dups = sorted(name for name, count in counts.items() if count > 1)
     if dups:
         raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
                          + ", ".join(dups))

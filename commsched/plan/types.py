@@ -69,14 +69,6 @@ class Plan:
         ]
         return hashlib.sha256(json.dumps(canonical).encode()).hexdigest()[:16]
 
-    def tensor_ids(self) -> list[int]:
-        return [p.tensor_id for b in self.blocks for p in b.pieces]
-
-    def block_bytes(self, specs: list[TensorSpec]) -> list[int]:
-        by_id = {s.tensor_id: s for s in specs}
-        return [sum(p.numel * by_id[p.tensor_id].element_size for p in b.pieces)
-                for b in self.blocks]
-
 
 @dataclass(frozen=True)
 class NetModel:
