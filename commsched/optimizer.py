@@ -94,12 +94,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # -- planning ---------------------------------------------------------------------------
 
-    def _cs_net_from_config(self) -> NetModel:
-        default = NetModel()
-        cfg = self._cs_config
-        return NetModel(default.alpha if cfg.alpha is None else cfg.alpha,
-                        default.beta if cfg.beta is None else cfg.beta)
-
     def _cs_first_plan(self) -> tuple[int | None, Plan]:
         """The plan for the first iterations and the iteration after which to re-plan."""
         cfg = self._cs_config
@@ -107,7 +101,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1, make_plan(cfg.policy, self._cs_specs, Profile(), NetModel(), cfg)
         if cfg.profile_steps > 0:
             return cfg.profile_steps, make_profiling_plan(self._cs_specs, Profile())
-        return None, make_plan(cfg.policy, self._cs_specs, Profile(), self._cs_net_from_config(), cfg)
+        # Nothing profiled yet: the profiler's default cost model with the configured overrides.
+        net = self._cs_engine.profiler.net_model(cfg.alpha, cfg.beta)
+        return None, make_plan(cfg.policy, self._cs_specs, Profile(), net, cfg)
 
     def _cs_replan(self) -> None:
         """Builds the policy's plan from rank 0's profile, identically on every rank."""
