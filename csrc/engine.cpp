@@ -152,17 +152,17 @@ void Engine::engine_loop() {
 
 void Engine::launch(int64_t position) {
   const BlockSpec* block;
-  std::vector<at::Tensor> grads;
   std::vector<std::shared_ptr<c10::Event>> events;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty()) return;
     block = &plan_[position];
-    grads = grads_;
     for (const auto& piece : block->pieces) events.push_back(ready_events_[piece.tensor_id]);
     launched_[position] = true;
     next_launch_ = position + 1;
   }
+  // Read in place, not copied: see the comment on grads_ in engine.h.
+  const std::vector<at::Tensor>& grads = grads_;
   const int64_t start = now_us();
   const auto& device = grads[block->pieces[0].tensor_id].device();
   auto stream = DeviceSync::comm_stream(device);
@@ -273,11 +273,7 @@ void Engine::complete(InFlight& item) {
   if (item.stream) guard.emplace(*item.stream);
   item.collective->wait(std::chrono::milliseconds(timeout_ms_));
   const int64_t done = now_us();
-  std::vector<at::Tensor> grads;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    grads = grads_;
-  }
+  const std::vector<at::Tensor>& grads = grads_;  // in place: see engine.h
   if (block.op == Collective::kAllreduce) FusionBuffer::unpack(block, item.buffer, grads);
   if (block.op == Collective::kAllGather) FusionBuffer::unpack(block, item.output, grads);
   const int64_t unpacked = now_us();

@@ -95,6 +95,10 @@ class Engine {
   std::vector<BlockSpec> plan_;
   std::vector<std::vector<int64_t>> tensor_blocks_;  // tensor id -> plan positions holding it
   std::vector<int64_t> block_pending_;                // tensors of the block not yet ready
+  // An entry is written once per iteration, by mark_ready, before any block holding it can
+  // become ready, and is cleared only by reset_iteration_locked once every block has completed.
+  // So the engine and completion threads read a ready block's entries without mu_ (other
+  // threads only write other entries meanwhile) instead of copying the vector per block.
   std::vector<at::Tensor> grads_;
   std::vector<at::Tensor> shards_;                    // reduce-scatter outputs by plan position
   std::vector<std::shared_ptr<c10::Event>> ready_events_;
