@@ -35,7 +35,8 @@ class Candidate:
     name: str
     step: Callable[[int], None]
     finish: Callable[[], None] = lambda: None  # lets pending work end before others run
-    times: list[float] = field(default_factory=list)
+    # Per round: when each step ended (perf_counter), the untimed first step included.
+    ends: list[list[float]] = field(default_factory=list)
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -87,7 +88,8 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
     """Steady-state step times. Each round ends with the candidate's pending work flushed (so
     the next candidate runs on a quiet network) and starts with one untimed step: that step has
     nothing in flight from before, so it pays for no earlier iteration's traffic. Every timed step
-    then pays for exactly one earlier iteration, as in a long training run."""
+    then pays for exactly one earlier iteration, as in a long training run. Only end times are
+    recorded here; `iteration_times` turns them into step times."""
     for cand in candidates:
         for i in range(warmup):
             cand.step(i)
@@ -96,13 +98,29 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
     for _ in range(rounds):
         for cand in candidates:
             cand.step(counter)
+            ends = [time.perf_counter()]
             counter += 1
             for _ in range(steps):
-                start = time.perf_counter()
                 cand.step(counter)
-                cand.times.append(time.perf_counter() - start)
+                ends.append(time.perf_counter())
                 counter += 1
+            cand.ends.append(ends)
             cand.finish()
+
+
+def iteration_times(per_rank_ends: list[list[list[float]]]) -> list[float]:
+    """Time between consecutive completions of a step by the slowest rank.
+
+    Ranks run on one host here, so perf_counter (CLOCK_MONOTONIC) is one clock for all of them.
+    Taking the slowest rank's own duration of each step instead would overstate overlap
+    policies: their `step()` returns early and each rank waits in a different step's forward
+    pass, so per-step maxima add up waits that happened on different steps.
+    """
+    times = []
+    for rounds in zip(*per_rank_ends, strict=True):
+        slowest = [max(ends) for ends in zip(*rounds, strict=True)]
+        times.extend(b - a for a, b in zip(slowest, slowest[1:], strict=False))
+    return times
 
 
 def minimal_communication_ms(model: nn.Module, repeats: int = 5) -> float:
@@ -139,8 +157,7 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
     world = commsched.init()
     rows = []
     for cand in candidates:
-        per_rank = world.all_gather_object(cand.times)
-        slowest = [max(ts) for ts in zip(*per_rank, strict=True)]
+        slowest = iteration_times(world.all_gather_object(cand.ends))
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
                      "p10_ms": 1e3 * _quantile(slowest, 0.1), "p90_ms": 1e3 * _quantile(slowest, 0.9),
                      "samples": len(slowest)})

@@ -168,3 +168,21 @@ def test_dear_reduce_scatter_in_backward_order_then_all_gather_in_forward_order(
         [(Collective.REDUCE_SCATTER, Stage.BACKWARD)] * 3 + [(Collective.ALL_GATHER, Stage.FORWARD)] * 3
     assert block_tensors(blocks) == [[3], [2], [0, 1], [0, 1], [2], [3]]
     assert [b.source for b in blocks[3:]] == [2, 1, 0]
+
+
+def test_bytescheduler_fuses_ready_partitions_in_priority_order_up_to_partition_bytes() -> None:
+    # 4 B, 4 B, 4 B, 12 B; all but t0 ready at once, t0 later. Blocks of at most 8 B.
+    specs = specs_of([1, 1, 1, 3])
+    profile = Profile((5e-3, 0.0, 0.0, 0.0))
+    net = NetModel(alpha=0.0, beta=1e-3 / 8)  # 1 ms per 8 B
+    blocks = plan_bytescheduler(specs, profile, net, cfg(partition_bytes=8))
+    # t3 splits into 8 B + 4 B. At t=0: t1+t2 (priority 1, 2) fill one block; then t3's first
+    # partition (8 B, full); then t3's 4 B tail alone, since t0 is not ready until 5 ms.
+    assert [[(p.tensor_id, p.offset) for p in b.pieces] for b in blocks] == \
+        [[(1, 0), (2, 0)], [(3, 0)], [(3, 2)], [(0, 0)]]
+
+
+def test_bytescheduler_never_fuses_across_dtypes() -> None:
+    specs = specs_of([1, 2, 1], [F32, ("float16", 2), F32])  # 4 B, 4 B, 4 B
+    blocks = plan_bytescheduler(specs, Profile((0.0, 0.0, 0.0)), NetModel(), cfg(partition_bytes=64))
+    assert block_tensors(blocks) == [[0, 2], [1]]
