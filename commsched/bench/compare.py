@@ -116,7 +116,7 @@ def iteration_times(per_rank_ends: list[list[list[float]]]) -> list[float]:
     policies: their `step()` returns early and each rank waits in a different step's forward
     pass, so per-step maxima add up waits that happened on different steps.
     """
-    times = []
+    times: list[float] = []
     for rounds in zip(*per_rank_ends, strict=True):
         slowest = [max(ends) for ends in zip(*rounds, strict=True)]
         times.extend(b - a for a, b in zip(slowest, slowest[1:], strict=False))
