@@ -155,7 +155,7 @@ def add_bound(rows: list[dict], comm_floor_ms: float) -> dict:
 def summarise(candidates: list[Candidate]) -> list[dict]:
     """Per candidate: the step time is the slowest rank's; report medians and ratios."""
     world = commsched.init()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for cand in candidates:
         slowest = iteration_times(world.all_gather_object(cand.ends))
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
