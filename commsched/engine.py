@@ -61,14 +61,23 @@ class EngineHandle:
 
     def wait(self) -> None:
         """Waits for every block of the iteration, then records it for the profiler."""
+        started = _C.now_us()
         self._engine.wait_all(self.timeout_ms)
+        self.span("wait", started, what="all blocks")
         ops = [b.op.name.lower() for b in self.plan.blocks] if self.plan else []
         self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings(), ops)
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
 
     def wait_block(self, position: int) -> None:
+        started = _C.now_us()
         self._engine.wait_block(position, self.timeout_ms)
+        self.span("wait", started, what=f"block at position {position}")
+
+    def span(self, name: str, started_us: int, **args: object) -> None:
+        """A span of the training thread (lane 3) from `started_us` until now."""
+        if self.timeline:
+            self.timeline.span(name, 3, started_us, _C.now_us(), **args)
 
     def release(self, position: int) -> None:
         self._engine.release(position)

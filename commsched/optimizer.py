@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import bootstrap
+from . import _C, bootstrap
 from .block_optimizer import adopt_plain_attributes
 from .compression import Compression, Compressor, resolve
 from .config import Config, Policy, load_config
@@ -65,6 +65,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_should_synchronize = True
         self._cs_synchronized = False
         self._cs_iteration = 0
+        self._cs_step_end_us = -1
         self.backward_passes_per_step = backward_passes_per_step
         tracked = [(n, p) for n, p in named if p.requires_grad]
         self._cs_params = [p for _, p in tracked]
@@ -126,7 +127,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         modules = self._cs_runner.modules if self._cs_runner else None
         doc = profile_document(self._cs_specs, self._cs_engine.profiler, self._cs_world.size,
-                               modules.order if modules else [], modules.times if modules else {})
+                               modules.order if modules else [], modules.times if modules else {},
+                               self._cs_runner.first_users() if self._cs_runner else None)
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=1)
 
@@ -193,6 +195,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.flush()
         self._cs_launch_rest()
         self._cs_engine.wait()
+        profiler = self._cs_engine.profiler
+        if self._cs_step_end_us >= 0 and profiler.last_first_ready_us >= 0:
+            profiler.note("before_first_ready_s", (profiler.last_first_ready_us - self._cs_step_end_us) / 1e6)
         self._cs_end_iteration()
         self._cs_synchronized = True
 
@@ -226,7 +231,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
         self._cs_synchronized = False
-        return super().step(closure)
+        started = _C.now_us()
+        result = super().step(closure)
+        self._cs_step_end_us = _C.now_us()
+        self._cs_engine.span("update", started)
+        self._cs_engine.profiler.note("step_s", (self._cs_step_end_us - started) / 1e6)
+        return result
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()

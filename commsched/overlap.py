@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from . import _C
 from .block_optimizer import HyperParameterSnapshots, block_optimizer
 from .plan import Collective, Plan, Stage
 
@@ -91,11 +92,9 @@ class OverlapRunner:
             name = name.rpartition(".")[0]
         return name
 
-    def activate(self, plan: Plan) -> None:
-        """Maps each parameter to the first module (in observed forward order) that uses it, and
-        to the last plan position it has to wait for."""
+    def first_users(self) -> dict[int, str]:
+        """Tensor id -> the module (observed forward order) whose pre-hook applies its update."""
         rank = {name: i for i, name in enumerate(self.modules.order)}
-        first_user: dict[str, list[int]] = {}
         earliest: dict[int, str] = {}
         for owner, tids in self._owned.items():
             runner = self._runner_of(owner)
@@ -103,7 +102,13 @@ class OverlapRunner:
                 current = earliest.get(t)
                 if current is None or rank.get(runner, -1) < rank.get(current, -1):
                     earliest[t] = runner
-        for t, runner in earliest.items():
+        return earliest
+
+    def activate(self, plan: Plan) -> None:
+        """Maps each parameter to the first module (in observed forward order) that uses it, and
+        to the last plan position it has to wait for."""
+        first_user: dict[str, list[int]] = {}
+        for t, runner in self.first_users().items():
             first_user.setdefault(runner, []).append(t)
         self._first_user = {name: sorted(tids) for name, tids in first_user.items()}
         completing = Collective.ALL_GATHER if any(b.op is Collective.ALL_GATHER for b in plan.blocks) \
@@ -156,7 +161,9 @@ class OverlapRunner:
             self._sub_optimizers[key] = sub
         for t in tids:
             self._params[t].grad = self._grads[t]
+        started = _C.now_us()
         sub.step()
+        self._engine.span("update", started, tensors=len(tids))
         for t in tids:
             self._params[t].grad = None
         self._pending.difference_update(tids)

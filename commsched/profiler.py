@@ -33,6 +33,17 @@ def fit_alpha_beta(samples: list[tuple[int, float]], fallback: NetModel = DEFAUL
     return NetModel(alpha, beta)
 
 
+# The profiler records every iteration (auto re-checks its prediction late in a run); only the
+# latest samples are kept so that a long run's memory stays flat.
+KEEP_ITERATIONS = 64
+KEEP_COLLECTIVE_SAMPLES = 4096
+
+
+def _keep_last(values: list, limit: int) -> None:
+    if len(values) > limit:
+        del values[: len(values) - limit]
+
+
 @dataclass
 class Profiler:
     """Collects one record per finished iteration."""
@@ -40,6 +51,11 @@ class Profiler:
     num_tensors: int
     ready_samples: list[list[float]] = field(default_factory=list)
     samples_by_op: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # Compute the simulator needs besides ready times, in seconds: "before_first_ready_s" (from
+    # the end of the previous step() to the first ready gradient: forward, loss, start of
+    # backward) and "step_s" (the optimizer's own update).
+    compute_samples: dict[str, list[float]] = field(default_factory=dict)
+    last_first_ready_us: int = -1
 
     @property
     def collective_samples(self) -> list[tuple[int, float]]:
@@ -50,11 +66,28 @@ class Profiler:
         marked = [t for t in ready_us if t >= 0]
         if marked:
             first = min(marked)
+            self.last_first_ready_us = first
             self.ready_samples.append([(t - first) / 1e6 if t >= 0 else -1.0 for t in ready_us])
+            _keep_last(self.ready_samples, KEEP_ITERATIONS)
         for position, (_block, nbytes, _ready, launch, done, service) in enumerate(block_timings):
             if launch >= 0 and done >= 0:
                 op = ops[position] if ops else "allreduce"
-                self.samples_by_op.setdefault(op, []).append((nbytes, service / 1e6))
+                samples = self.samples_by_op.setdefault(op, [])
+                samples.append((nbytes, service / 1e6))
+                _keep_last(samples, KEEP_COLLECTIVE_SAMPLES)
+
+    def note(self, kind: str, seconds: float) -> None:
+        values = self.compute_samples.setdefault(kind, [])
+        values.append(seconds)
+        _keep_last(values, KEEP_ITERATIONS)
+
+    def compute(self) -> dict[str, float]:
+        """Median of each compute sample; the first is dropped when there are others."""
+        out = {}
+        for kind, values in self.compute_samples.items():
+            rows = values[1:] if len(values) > 1 else values
+            out[kind] = statistics.median(rows)
+        return out
 
     @property
     def iterations(self) -> int:
@@ -79,25 +112,48 @@ class Profiler:
                         fitted.beta if beta is None else beta)
 
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2
+
+
+def _median_or_none(values: list[float] | None) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]]) -> list[dict]:
+    """Inclusive forward time per module, and its own time: inclusive minus its children's."""
+    inclusive = {name: _median_or_none(module_times.get(name)) for name in module_order}
+    children: dict[str, float] = {}
+    for name, seconds in inclusive.items():
+        if name and seconds is not None:
+            parent = name.rpartition(".")[0]
+            while parent and parent not in inclusive:
+                parent = parent.rpartition(".")[0]
+            children[parent] = children.get(parent, 0.0) + seconds
+    rows = []
+    for i, name in enumerate(module_order):
+        own = inclusive[name]
+        rows.append({"name": name, "forward_order": i, "forward_time_s": own,
+                     "self_time_s": None if own is None else max(own - children.get(name, 0.0), 0.0)})
+    return rows
 
 
 def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size: int,
-                     module_order: Sequence[str], module_times: dict[str, list[float]]) -> dict:
+                     module_order: Sequence[str], module_times: dict[str, list[float]],
+                     first_users: dict[int, str] | None = None) -> dict:
     """The JSON written to COMMSCHED_PROFILE; the schema is documented in docs/profile.md."""
     profile = profiler.profile()
+    users = first_users or {}
     tensors = [{"id": s.tensor_id, "name": s.name, "numel": s.numel, "dtype": s.dtype,
                 "bytes": s.nbytes, "forward_index": s.forward_index,
-                "ready_time_s": profile.ready_times[s.tensor_id] if profile.measured else None}
+                "ready_time_s": profile.ready_times[s.tensor_id] if profile.measured else None,
+                "module": users.get(s.tensor_id)}
                for s in specs]
-    modules = [{"name": name, "forward_order": i,
-                "forward_time_s": statistics.median(module_times[name]) if module_times.get(name) else None}
-               for i, name in enumerate(module_order)]
+    modules = module_rows(module_order, module_times)
     collectives = {}
     for op, samples in sorted(profiler.samples_by_op.items()):
         net = fit_alpha_beta(samples)
         collectives[op] = {"alpha_s": net.alpha, "beta_s_per_byte": net.beta,
                            "samples": [[n, t] for n, t in samples]}
     return {"schema_version": PROFILE_SCHEMA_VERSION, "world_size": world_size,
-            "iterations": profiler.iterations, "tensors": tensors, "modules": modules,
-            "collectives": collectives}
+            "iterations": profiler.iterations, "compute": profiler.compute(), "tensors": tensors,
+            "modules": modules, "collectives": collectives}

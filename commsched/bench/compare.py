@@ -202,7 +202,8 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "bound": bound, "rows": rows}, handle, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
-        handle.write(f"# {meta['model']} on {meta['world_size']} ranks\n\n"
+        network = f", {meta['network']}" if meta.get("network") else ""
+        handle.write(f"# {meta['model']} on {meta['world_size']} ranks{network}\n\n"
                      f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n\n"
                      f"{bound_lines(bound)}\n")
     import matplotlib
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(covers commsched's profiling steps)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per candidate per round")
+    parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + bound_lines(bound), flush=True)
         if args.out:
             write_outputs(args.out, rows, {"model": args.model.value, "world_size": world.size,
-                                           "command": command, "args": vars(args) | {"model": args.model.value}},
+                                           "command": command, "network": args.link_note, "args": vars(args) | {"model": args.model.value}},
                           bound)
     commsched.shutdown()
     return 0

@@ -35,7 +35,9 @@ def test_profile_json_and_identical_plans(tmp_path) -> None:
     results = distributed_test(_profile_job, world_size=2, timeout=90, args=(str(path),))
     assert results[0] == results[1] and results[0]["policy"] == "prophet"
     doc = json.loads(path.read_text())
-    assert doc["schema_version"] == 1 and doc["world_size"] == 2 and doc["iterations"] == 3
+    assert doc["schema_version"] == 2 and doc["world_size"] == 2 and doc["iterations"] == 3
+    assert doc["compute"]["before_first_ready_s"] > 0 and doc["compute"]["step_s"] > 0
+    assert {t["name"]: t["module"] for t in doc["tensors"]}["2.bias"] == "2"
     names = [t["name"] for t in doc["tensors"]]
     assert names == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
     ready = {t["name"]: t["ready_time_s"] for t in doc["tensors"]}
@@ -44,6 +46,8 @@ def test_profile_json_and_identical_plans(tmp_path) -> None:
     modules = [m["name"] for m in sorted(doc["modules"], key=lambda m: m["forward_order"])]
     assert modules[:2] == ["", "0"] and modules.index("2") < modules.index("4")
     assert all(m["forward_time_s"] > 0 for m in doc["modules"])
+    root = next(m for m in doc["modules"] if m["name"] == "")
+    assert 0 <= root["self_time_s"] < root["forward_time_s"]  # the layers ran inside it
     allreduce = doc["collectives"]["allreduce"]
     assert allreduce["alpha_s"] >= 0 and allreduce["beta_s_per_byte"] >= 0
     assert len(allreduce["samples"]) >= 6 * 3  # one collective per tensor while profiling
