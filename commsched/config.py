@@ -30,11 +30,17 @@ class Policy(enum.StrEnum):
     BYTESCHEDULER = "bytescheduler"
     PROPHET = "prophet"
     DEAR = "dear"
+    AUTO = "auto"  # simulates the others after profiling and installs the fastest prediction
 
     @property
     def overlaps_iterations(self) -> bool:
         """Updates are applied in the next forward pass (needs ``model=``)."""
         return self in (Policy.BYTESCHEDULER, Policy.PROPHET, Policy.DEAR)
+
+    @classmethod
+    def planned(cls) -> tuple[Policy, ...]:
+        """Policies with a planner of their own (`auto` chooses among these)."""
+        return tuple(p for p in cls if p is not cls.AUTO)
 
 
 class Kind(enum.Enum):

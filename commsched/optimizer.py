@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from . import _C, bootstrap
+from .auto import AutoState
 from .block_optimizer import adopt_plain_attributes
 from .compression import Compression, Compressor, resolve
 from .config import Config, Policy, load_config
@@ -85,7 +87,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_runner = None
         if config.policy.overlaps_iterations:
             check_overlap_allowed(config.policy, model, base_cls)
+        self.auto: AutoState | None = None
+        if config.policy is Policy.AUTO:
+            self.auto = AutoState()
+        if config.policy.overlaps_iterations or (self.auto and overlap_possible(model, base_cls)):
+            assert model is not None
             self._cs_runner = OverlapRunner(self, base_cls, model, self._cs_params, self._cs_engine)
+        self._cs_last_end: float | None = None
         self._cs_replan_at, first_plan = self._cs_first_plan()
         self._cs_install(first_plan)
         if self._cs_replan_at is None and self._cs_runner is not None:
@@ -102,6 +110,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1, make_plan(cfg.policy, self._cs_specs, Profile(), NetModel(), cfg)
         if cfg.profile_steps > 0:
             return cfg.profile_steps, make_profiling_plan(self._cs_specs, Profile())
+        if cfg.policy is Policy.AUTO:
+            raise ValueError("commsched: policy 'auto' chooses from a profile: "
+                             "COMMSCHED_PROFILE_STEPS (profile_steps) must be > 0")
         # Nothing profiled yet: the profiler's default cost model with the configured overrides.
         net = self._cs_engine.profiler.net_model(cfg.alpha, cfg.beta)
         return None, make_plan(cfg.policy, self._cs_specs, Profile(), net, cfg)
@@ -109,6 +120,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _cs_replan(self) -> None:
         """Builds the policy's plan from rank 0's profile, identically on every rank."""
         cfg = self._cs_config
+        if self.auto is not None:
+            self._cs_replan_auto()
+            return
         profiler = self._cs_engine.profiler
         profile, net = self._cs_world.broadcast_object(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta)))
@@ -121,14 +135,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._cs_runner is not None:
             self._cs_runner.activate(plan)
 
-    def _cs_write_profile(self) -> None:
+    def _cs_replan_auto(self) -> None:
+        """Simulates every valid plan on rank 0's profile and installs the fastest."""
+        assert self.auto is not None
+        if self._cs_runner is not None and self._cs_runner.open:
+            self._cs_runner.finish()  # the engine must be idle before its plan changes
+        document = self._cs_world.broadcast_object(self._cs_profile_document())
+        chosen = self.auto.choose(document, self._cs_config, self._cs_runner is not None)
+        self._cs_write_profile(document)
+        self._cs_install(chosen.plan)
+        self._cs_engine.set_credit(int(chosen.knobs.get("credit_bytes", self._cs_config.credit_bytes)))
+        if self._cs_runner is not None:
+            if chosen.policy.overlaps_iterations:
+                self._cs_runner.activate(chosen.plan)
+            else:
+                self._cs_runner.deactivate()
+
+    def _cs_profile_document(self) -> dict:
+        modules = self._cs_runner.modules if self._cs_runner else None
+        return profile_document(self._cs_specs, self._cs_engine.profiler, self._cs_world.size,
+                                modules.order if modules else [], modules.times if modules else {},
+                                self._cs_runner.first_users() if self._cs_runner else None)
+
+    def _cs_write_profile(self, document: dict | None = None) -> None:
         path = self._cs_config.profile
         if not path or self._cs_world.rank != 0:
             return
-        modules = self._cs_runner.modules if self._cs_runner else None
-        doc = profile_document(self._cs_specs, self._cs_engine.profiler, self._cs_world.size,
-                               modules.order if modules else [], modules.times if modules else {},
-                               self._cs_runner.first_users() if self._cs_runner else None)
+        doc = document if document is not None else self._cs_profile_document()
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=1)
 
@@ -187,6 +220,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_delay = [self.backward_passes_per_step] * len(self._cs_specs)
         self._cs_iteration += 1
         self._cs_engine.mark(f"iteration {self._cs_iteration}")
+        now = time.perf_counter()
+        if self.auto is not None and self._cs_last_end is not None \
+                and self.auto.record(now - self._cs_last_end):
+            measured = self._cs_world.broadcast_object(self.auto.local_median())
+            if self.auto.conclude(measured):
+                self._cs_replan()
+        self._cs_last_end = time.perf_counter()
         if self._cs_iteration == self._cs_replan_at:
             self._cs_replan()
 
@@ -260,6 +300,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 # Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.
 _UNSPLITTABLE = (torch.optim.LBFGS,)
+
+
+def overlap_possible(model: Any, base_cls: type) -> bool:
+    return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE)
 
 
 def check_overlap_allowed(policy: Policy, model: Any, base_cls: type) -> None:

@@ -25,6 +25,7 @@ from torch import nn
 from . import _C
 from .block_optimizer import HyperParameterSnapshots, block_optimizer
 from .plan import Collective, Plan, Stage
+from .profiler import KEEP_ITERATIONS
 
 if TYPE_CHECKING:
     from .engine import EngineHandle
@@ -47,7 +48,9 @@ class ModuleProfile:
     def end(self, name: str) -> None:
         started = self._starts.get(name)
         if started is not None:
-            self.times.setdefault(name, []).append(time.perf_counter() - started)
+            times = self.times.setdefault(name, [])
+            times.append(time.perf_counter() - started)
+            del times[:-KEEP_ITERATIONS]  # hooks keep recording in long runs: stay bounded
 
     def next_iteration(self) -> None:
         self._starts.clear()
@@ -68,6 +71,7 @@ class OverlapRunner:
         self._snapshots = HyperParameterSnapshots(optimizer)
         self._sub_optimizers: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         self.active = False
+        self.recording = True  # module order and times, while no overlap plan is active
         self.open = False
         self._pending: set[int] = set()
         self._grads: dict[int, torch.Tensor] = {}
@@ -121,6 +125,11 @@ class OverlapRunner:
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
         self.active = True
 
+    def deactivate(self) -> None:
+        """A synchronous plan replaced the overlap one (`auto`): hooks stop doing anything."""
+        self.active = False
+        self.recording = False
+
     # -- step ---------------------------------------------------------------------------------
 
     def begin(self) -> None:
@@ -173,7 +182,8 @@ class OverlapRunner:
     def _pre_hook_for(self, name: str):  # noqa: ANN202 - torch hook
         def hook(module: nn.Module, args: Any) -> None:
             if not self.active:
-                self.modules.start(name)
+                if self.recording:
+                    self.modules.start(name)
                 return
             if not self.open:
                 return
@@ -190,6 +200,8 @@ class OverlapRunner:
     def _post_hook_for(self, name: str):  # noqa: ANN202 - torch hook
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if not self.active:
+                if not self.recording:
+                    return
                 self.modules.end(name)
                 if name == self._root_name:
                     self.modules.next_iteration()

@@ -35,6 +35,8 @@ class Candidate:
     name: str
     step: Callable[[int], None]
     finish: Callable[[], None] = lambda: None  # lets pending work end before others run
+    optimizer: Any = None
+    profile_path: str = ""  # commsched candidates with --predict: where its profile went
     # Per round: when each step ended (perf_counter), the untimed first step included.
     ends: list[list[float]] = field(default_factory=list)
 
@@ -60,13 +62,15 @@ def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
     return policy, knobs
 
 
-def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list[Candidate]:
+def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
+                    profile_dir: str = "") -> list[Candidate]:
     import horovod.torch as hvd
 
     rank = commsched.rank()
     out = []
-    for label in wanted:
+    for index, label in enumerate(wanted):
         model = build(name)
+        profile_path = ""
         if label == "hvd":
             opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
         elif label == "torch-ddp":
@@ -77,10 +81,13 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int) -> list
             opt = _sgd(model)
         else:
             policy, knobs = parse_candidate(label)
+            if profile_dir:
+                profile_path = knobs["profile"] = os.path.join(profile_dir, f"candidate{index}.json")
             opt = commsched.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
                                                  policy=policy, model=model, **knobs)
         finish = getattr(opt, "flush", lambda: None)
-        out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish))
+        out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish,
+                             optimizer=opt, profile_path=profile_path))
     return out
 
 
@@ -168,18 +175,46 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
     return rows
 
 
+def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict | None:
+    """Rank 0: the simulator's prediction per commsched candidate; `auto`'s pick checked against
+    the measured-fastest policy."""
+    from ..config import Policy
+    from .validate import add_predictions, auto_verdict, load_document, predict_ms
+
+    predicted, verdict = {}, None
+    for cand in candidates:
+        if not cand.profile_path:
+            continue
+        auto = getattr(cand.optimizer, "auto", None)
+        if auto is not None:
+            predicted[cand.name] = 1e3 * auto.predicted_s
+            verdict = (cand.name, auto.summary())
+            continue
+        policy = Policy(parse_candidate(cand.name)[0])
+        predicted[cand.name] = predict_ms(load_document(cand.profile_path), cand.optimizer.plan, policy)
+    add_predictions(rows, predicted)
+    return auto_verdict(rows, *verdict) if verdict else None
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    predicted = any("predicted_ms" in r for r in rows)
+    extra = " predicted ms | error |" if predicted else ""
+    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |" + extra,
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if predicted else "")]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
-                     f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
-                     f"| {_ratio(r.get('vs_bound'))} |")
+        line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
+                f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
+                f"| {_ratio(r.get('vs_bound'))} |")
+        if predicted:
+            value, error = r.get("predicted_ms"), r.get("prediction_error")
+            line += (f" {'-' if value is None else f'{value:.1f}'} "
+                     f"| {'-' if error is None else f'{100 * error:.0f}%'} |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -197,6 +232,16 @@ def bound_lines(bound: dict) -> str:
             f"{'-' if waiting is None else f'{100 * waiting:.0f}%'} of its iteration")
 
 
+def auto_line(verdict: dict | None) -> str:
+    if not verdict:
+        return ""
+    predicted = verdict["auto_predicted_ms"]
+    return (f"\n`auto` picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
+            f"{'-' if predicted is None else f'{predicted:.1f} ms'}); measured fastest commsched "
+            f"candidate: {verdict['measured_fastest']}; picked the fastest policy: "
+            f"{'yes' if verdict['picked_fastest'] else 'no'}\n")
+
+
 def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
@@ -205,7 +250,7 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
         network = f", {meta['network']}" if meta.get("network") else ""
         handle.write(f"# {meta['model']} on {meta['world_size']} ranks{network}\n\n"
                      f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n\n"
-                     f"{bound_lines(bound)}\n")
+                     f"{bound_lines(bound)}\n" + auto_line(bound.get("auto")))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,22 +283,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per candidate per round")
     parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
+    parser.add_argument("--predict-dir", default="", help="simulate each commsched candidate from "
+                        "its own profile (written to this directory) and report prediction errors")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     world = commsched.init()
     if world.size > 1 and not dist.is_initialized():
         raise SystemExit("compare needs torch.distributed for the DDP baseline")
     candidates = make_candidates(args.model, [c.strip() for c in args.candidates.split(",") if c.strip()],
-                                 args.batch_size)
+                                 args.batch_size, args.predict_dir)
     run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
+    if args.predict_dir and world.rank == 0:
+        bound["auto"] = predictions(candidates, rows)
     if world.rank == 0:
         command = " ".join(shlex.quote(a) for a in sys.argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))
         print("\n" + bound_lines(bound), flush=True)
+        if bound.get("auto"):
+            print(f"auto: {bound['auto']}", flush=True)
         if args.out:
             write_outputs(args.out, rows, {"model": args.model.value, "world_size": world.size,
                                            "command": command, "network": args.link_note, "args": vars(args) | {"model": args.model.value}},

@@ -1,0 +1,89 @@
+"""The `auto` policy: after the profiling steps, simulate every plan valid for this wrapper and
+install the fastest prediction; then compare the prediction with the measured iteration time
+and re-plan once when they disagree.
+
+Every rank ranks the candidates from rank 0's profile document (broadcast by the caller), and
+the ranking is deterministic, so every rank installs the same plan; the re-plan decision is
+also taken from rank 0's measurements for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .config import Config
+
+if TYPE_CHECKING:
+    from .sim import Ranked
+
+log = logging.getLogger("commsched")
+
+# The issue's rule: re-plan once if the measured median is off the prediction by more than 20%
+# over 20 steps.
+CHECK_STEPS = 20
+TOLERANCE = 0.20
+
+
+@dataclass
+class AutoState:
+    """What `auto` chose and how the prediction held up (``optimizer.auto`` exposes it)."""
+
+    choices: list[Ranked] = field(default_factory=list)
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    replanned: bool = False
+    periods: list[float] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> Ranked | None:
+        return self.choices[0] if self.choices else None
+
+    def choose(self, document: dict, cfg: Config, overlap_allowed: bool) -> Ranked:
+        from .sim import FittedNetwork, profile_from_document, rank_candidates
+
+        run = profile_from_document(document)
+        ranked = rank_candidates(run, FittedNetwork.from_document(document), cfg, overlap_allowed)
+        if not ranked:
+            raise RuntimeError("commsched: policy 'auto' found no plan to simulate")
+        self.choices = ranked
+        self.predicted_s = ranked[0].predicted_s
+        self.measured_s = None
+        self.periods.clear()
+        log.info("commsched auto: predicted %.1f ms for %s %s (next: %s)", 1e3 * ranked[0].predicted_s,
+                 ranked[0].policy.value, ranked[0].knobs,
+                 ", ".join(f"{r.policy.value} {1e3 * r.predicted_s:.1f} ms" for r in ranked[1:4]))
+        return ranked[0]
+
+    def record(self, period_s: float) -> bool:
+        """Records one measured iteration after the choice; True when CHECK_STEPS are in and
+        the caller should conclude (with rank 0's median, so that every rank decides alike)."""
+        if self.predicted_s is None or self.measured_s is not None:
+            return False
+        self.periods.append(period_s)
+        return len(self.periods) == CHECK_STEPS
+
+    def local_median(self) -> float:
+        return statistics.median(self.periods)
+
+    def conclude(self, measured_s: float) -> bool:
+        """Logs the measurement; True if it calls for the one re-plan."""
+        assert self.predicted_s is not None
+        self.measured_s = measured_s
+        error = abs(measured_s - self.predicted_s) / self.predicted_s
+        log.info("commsched auto: measured %.1f ms over %d steps, predicted %.1f ms (error %.0f%%)",
+                 1e3 * measured_s, CHECK_STEPS, 1e3 * self.predicted_s, 100 * error)
+        if error <= TOLERANCE or self.replanned:
+            return False
+        self.replanned = True
+        return True
+
+    def summary(self) -> dict:
+        chosen = self.chosen
+        return {"policy": chosen.policy.value if chosen else None,
+                "knobs": dict(chosen.knobs) if chosen else {},
+                "predicted_s": self.predicted_s, "measured_s": self.measured_s,
+                "replanned": self.replanned,
+                "ranking": [(r.policy.value, dict(r.knobs), r.predicted_s) for r in self.choices]}

@@ -1,0 +1,48 @@
+"""Checks the simulator against measurement: each commsched candidate's own profile (written
+when its profiling steps ended, the document `auto` decides from) and its installed plan are
+simulated, and the prediction is set beside the measured median."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..config import Policy
+from ..plan import Plan
+from ..sim import FittedNetwork, Mode, profile_from_document, simulate
+
+
+def predict_ms(document: dict, plan: Plan, policy: Policy) -> float:
+    mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
+    run = profile_from_document(document)
+    return 1e3 * simulate(run, plan, FittedNetwork.from_document(document), mode).iteration_s
+
+
+def add_predictions(rows: list[dict[str, Any]], predicted: dict[str, float]) -> None:
+    """Adds `predicted_ms` and the relative error |predicted - measured| / measured."""
+    for row in rows:
+        value = predicted.get(row["name"])
+        row["predicted_ms"] = value
+        row["prediction_error"] = abs(value - row["median_ms"]) / row["median_ms"] \
+            if value is not None else None
+
+
+def load_document(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict) -> dict:
+    """Did `auto` pick the policy that measured fastest among the commsched candidates?"""
+    measured = {r["name"]: r["median_ms"] for r in rows
+                if r["name"].startswith("commsched:") and r["name"] != auto_label}
+    fastest = min(measured, key=lambda name: measured[name]) if measured else None
+    fastest_policy = fastest.removeprefix("commsched:").partition("?")[0] if fastest else None
+    return {"auto_policy": auto_summary.get("policy"), "auto_knobs": auto_summary.get("knobs"),
+            "auto_predicted_ms": _ms(auto_summary.get("predicted_s")),
+            "auto_measured_in_job_ms": _ms(auto_summary.get("measured_s")),
+            "measured_fastest": fastest, "picked_fastest": fastest_policy == auto_summary.get("policy")}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
