@@ -12,11 +12,12 @@ iteration 1 has no start mark and is never analysed):
   elapsed - waits.
 * overlap fraction: share of network-busy time during which the training thread was not
   waiting, i.e. communication hidden behind compute (null without network time).
-* achieved bandwidth: bytes this rank put on the wire per second of network-busy time. A ring
-  all-reduce of n bytes on p ranks sends 2(p-1)/p*n, a reduce-scatter or all-gather (p-1)/p*n.
-  The engine records a reduce-scatter's bytes as its output shard (n/p), an all-gather's as its
-  full output. p is the profile's world_size, else the number of rank files. With ``--link``,
-  also achieved / link.
+* wire bytes: what this rank sends in a ring: all-reduce of n bytes on p ranks 2(p-1)/p*n,
+  reduce-scatter or all-gather (p-1)/p*n. The engine records a reduce-scatter's bytes as its
+  output shard (n/p), an all-gather's as its full output. p is the profile's world_size, else the
+  number of rank files. An iteration's collectives are found by round (see analysed_rounds).
+* achieved bandwidth: the analysed iterations' wire bytes per second of those collectives' busy
+  time; with ``--link`` (per rank) also achieved / link.
 
 ``--skip N`` ignores iterations 1..N; by default every iteration that began before the last
 "plan" mark is skipped: the profiling steps and the step that re-planned (its broadcast and
@@ -281,29 +282,7 @@ def analyse_rank(trace: RankTrace, world: int, skip: int | None,
     }
 
 
-# -- output ---------------------------------------------------------------------------------
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def markdown(report: dict[str, Any]) -> str:
-    link = report["link_bytes_per_s"]
-    rows = ["| rank | iterations | iteration ms | overlap | compute idle | network idle | "
-            "wire MB/iter | achieved Mbit/s | of link |", "|" + "---|" * 9]
-    for r in report["ranks"]:
-        achieved = r["achieved_bytes_per_s"]
-        rows.append(f"| {r['rank']} | {r['iterations']} (skip {r['skip']}) | "
-                    f"{1e3 * r['iteration_time_s']:.2f} | {_pct(r['overlap'])} | "
-                    f"{_pct(r['compute_idle'])} | {_pct(r['network_idle'])} | "
-                    f"{r['wire_bytes_per_iteration'] / 1e6:.3f} | "
-                    f"{'-' if achieved is None else f'{8 * achieved / 1e6:.1f}'} | "
-                    f"{_pct(r['link_utilisation'])} |")
-    head = (f"{report['run_dir']}: {len(report['ranks'])} rank files, world size "
-            f"{report['world_size']}, link "
-            f"{'not given' if link is None else f'{8 * link / 1e6:.0f} Mbit/s per rank'}")
-    return head + "\n\n" + "\n".join(rows)
-
+# -- command --------------------------------------------------------------------------------
 
 def build_report(run_dir: str, skip: int | None, link: float | None) -> tuple[dict[str, Any], list[RankTrace]]:
     files = find_rank_files(run_dir)
@@ -347,8 +326,8 @@ def main(argv: list[str]) -> int:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     report["plot"] = args.plot or os.path.join(args.run_dir, "report.png")
+    from .report_output import markdown, plot_iteration  # not at the top: it imports this module
     try:
-        from .report_plot import plot_iteration
         plot_iteration(traces, report, report["plot"])
     except ImportError:  # matplotlib is optional (a test extra): the numbers still stand
         print("report: matplotlib is not installed; no plot written", file=sys.stderr)

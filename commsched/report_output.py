@@ -1,5 +1,6 @@
-"""The PNG of `python -m commsched report`: one iteration of every rank, stacked, with the lanes
-of the timeline (compute, engine, network, training thread) as horizontal bars."""
+"""What `python -m commsched report` shows: the markdown table, and the PNG of one iteration of
+every rank, stacked, with the lanes of the timeline (compute, engine, network, training thread)
+as horizontal bars."""
 
 from __future__ import annotations
 
@@ -12,6 +13,28 @@ from .report import COLLECTIVES, RankTrace, window
 ROWS = [(3, "training thread"), (2, "network"), (1, "engine"), (0, "compute")]
 COLOURS = {"allreduce": "tab:blue", "reduce_scatter": "tab:purple", "all_gather": "tab:cyan",
            "unpack": "tab:gray", "pack": "tab:olive", "wait": "tab:red", "update": "tab:green"}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    link = report["link_bytes_per_s"]
+    rows = ["| rank | iterations | iteration ms | overlap | compute idle | network idle | "
+            "wire MB/iter | achieved Mbit/s | of link |", "|" + "---|" * 9]
+    for r in report["ranks"]:
+        achieved = r["achieved_bytes_per_s"]
+        rows.append(f"| {r['rank']} | {r['iterations']} (skip {r['skip']}) | "
+                    f"{1e3 * r['iteration_time_s']:.2f} | {_pct(r['overlap'])} | "
+                    f"{_pct(r['compute_idle'])} | {_pct(r['network_idle'])} | "
+                    f"{r['wire_bytes_per_iteration'] / 1e6:.3f} | "
+                    f"{'-' if achieved is None else f'{8 * achieved / 1e6:.1f}'} | "
+                    f"{_pct(r['link_utilisation'])} |")
+    head = (f"{report['run_dir']}: {len(report['ranks'])} rank files, world size "
+            f"{report['world_size']}, link "
+            f"{'not given' if link is None else f'{8 * link / 1e6:.0f} Mbit/s per rank'}")
+    return head + "\n\n" + "\n".join(rows)
 
 
 def median_index(times: list[float]) -> int:
