@@ -328,14 +328,18 @@ def main(argv: list[str]) -> int:
     report["plot"] = args.plot or os.path.join(args.run_dir, "report.png")
     from .report_output import markdown, plot_iteration  # not at the top: it imports this module
     try:
-        plot_iteration(traces, report, report["plot"])
-    except ImportError:  # matplotlib is optional (a test extra): the numbers still stand
-        print("report: matplotlib is not installed; no plot written", file=sys.stderr)
-        report["plot"] = None
+        try:
+            plot_iteration(traces, report, report["plot"])
+        except ImportError:  # matplotlib is optional (a test extra): the numbers still stand
+            print("report: matplotlib is not installed; no plot written", file=sys.stderr)
+            report["plot"] = None
+        if args.json_path:
+            with open(args.json_path, "w", encoding="utf-8") as handle:
+                json.dump(report, handle, indent=1)
+    except OSError as exc:
+        print(f"report: {exc.filename}: cannot write: {exc.strerror}", file=sys.stderr)
+        return 2
     print(markdown(report))
     if report["plot"]:
         print(f"\nplot: {report['plot']}")
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
     return 0

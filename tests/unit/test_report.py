@@ -202,6 +202,10 @@ def test_bad_options_exit_2(run_dir: pathlib.Path, capsys: pytest.CaptureFixture
     assert "--link" in capsys.readouterr().err
     assert report.main([str(run_dir), "--skip", "-1"]) == 2
     assert report.main([]) == 2  # argparse: RUN_DIR is required
+    capsys.readouterr()
+    assert report.main([str(run_dir), "--json", str(run_dir / "no" / "out.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(run_dir / "no" / "out.json") in err[0], err
 
 
 def test_interval_helpers() -> None:
