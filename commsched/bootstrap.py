@@ -83,6 +83,41 @@ def _address_towards(host: str, port: int) -> str:
         return str(probe.getsockname()[0])
 
 
+def _interface_with_address(address: str) -> str | None:
+    """The name of the local interface that holds `address` (Linux: SIOCGIFADDR)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address on this interface
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
+
+
+def _choose_gloo_interface(peer: str) -> None:
+    """Gloo binds to the address the host name resolves to, which is often 127.0.x.1: peers on
+    other hosts then dial their own loopback and the job times out. Unless the user chose an
+    interface (GLOO_SOCKET_IFNAME), use the one on the route to the rendezvous host."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or _backend() != "gloo":
+        return
+    try:
+        local = _address_towards(peer, 9)
+    except OSError:
+        return  # cannot resolve or route: leave Gloo's own choice
+    if local.startswith("127."):
+        return
+    interface = _interface_with_address(local)
+    if interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        log.info("commsched: Gloo uses interface %s (%s), the route to %s", interface, local, peer)
+
+
 def _horovod_world(timeout: float) -> World:
     import horovod.torch as hvd
 
@@ -94,10 +129,10 @@ def _horovod_world(timeout: float) -> World:
     if dist.is_initialized():
         return _existing_world(timeout)
     store = None
+    rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    _choose_gloo_interface(rendezvous)
     if rank == 0:
-        host = os.environ.get("COMMSCHED_MASTER_ADDR") or _address_towards(
-            os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"),
-            int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1")))
+        host = _address_towards(rendezvous, int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1")))
         store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=delta)
         address = (host, store.port)
     else:
@@ -118,6 +153,7 @@ def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher,
 
 
 def _torchrun_world(timeout: float) -> World:
+    _choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     dist.init_process_group(_backend(), init_method="env://",
                             timeout=datetime.timedelta(seconds=timeout))
     return _world_from_group(dist.get_rank(), dist.get_world_size(),
