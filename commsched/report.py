@@ -156,9 +156,10 @@ def load_rank(path: str, rank: int) -> RankTrace:
                 trace.plans.append(ts)
             elif name.startswith("ready:"):
                 trace.ready.append(ts)
-        elif phase == "X" and isinstance(event.get("dur"), int | float):
+        elif phase == "X" and isinstance(event.get("dur"), int | float) \
+                and isinstance(event.get("tid", 0), int):
             args = event.get("args") if isinstance(event.get("args"), dict) else {}
-            trace.spans.append(Span(name, int(event.get("tid", 0)), ts, ts + float(event["dur"]),
+            trace.spans.append(Span(name, event.get("tid", 0), ts, ts + float(event["dur"]),
                                     args or {}))
     trace.iterations.sort()
     trace.plans.sort()
