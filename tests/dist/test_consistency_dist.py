@@ -38,4 +38,6 @@ def test_mismatches_are_errors_naming_the_difference() -> None:
         assert "rank 1" in out["shape"] and "weight" in out["shape"] and "[5, 4]" in out["shape"]
         assert "settings" in out["policy"] and "'ddp'" in out["policy"]
         assert "fusion_threshold" in out["knob"]
+        # Same parameters, another order: the first position that differs is named.
+        assert "entry 0" in out["order"] and "rank 1 has ['1.bias'" in out["order"], out["order"]
         assert "parameters" in out["order"]
