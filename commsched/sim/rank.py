@@ -1,0 +1,120 @@
+"""Ranking every plan valid for a wrapper by simulated iteration time (the `auto` policy and the
+what-if table both use it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Config, Policy, load_config
+from ..plan import NetModel, Plan, TensorSpec, make_plan
+from .network import Network
+from .profile import RunProfile, ready_profile, specs_from_profile
+from .simulator import Mode, SimResult, simulate
+
+MiB = 1 << 20
+
+# A small grid: rank_candidates runs inside training when the plan is chosen. Credit
+# (credit_bytes) is left at the configured value: on the simulator's serial channel it paces
+# launches without changing when blocks finish, so every credit value would predict the same.
+KNOB_GRID: dict[str, dict[str, tuple[int, ...]]] = {
+    "horovod": {"fusion_threshold": (4 * MiB, 16 * MiB, 64 * MiB, 128 * MiB)},
+    "ddp": {"bucket_bytes": (1 * MiB, 4 * MiB, 25 * MiB)},
+    "mgwfbp": {},
+    "bytescheduler": {"partition_bytes": (1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB)},
+    "prophet": {"partition_bytes": (1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB)},
+    "dear": {"fusion_threshold": (4 * MiB, 16 * MiB, 64 * MiB, 128 * MiB)},
+}
+
+# Planners that read the network model; the others' plans can be cached across networks.
+NET_DEPENDENT = ("mgwfbp", "bytescheduler", "prophet")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    policy: Policy
+    knobs: dict[str, int]
+    plan: Plan
+    predicted_s: float
+    result: SimResult | None = field(default=None, compare=False, repr=False)
+
+
+def planned_policies() -> list[Policy]:
+    """Every policy with a planner, in declaration order (`auto` is not one)."""
+    return [p for p in Policy if p.value != "auto"]
+
+
+def mode_of(policy: Policy) -> Mode:
+    return Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
+
+
+def knob_grid(policy: Policy) -> list[dict[str, int]]:
+    grid: list[dict[str, int]] = [{}]
+    for key, values in KNOB_GRID.get(policy.value, {}).items():
+        grid = [{**knobs, key: v} for knobs in grid for v in values]
+    return grid
+
+
+def planner_model(net: Network, cfg: Config) -> NetModel:
+    """What the planners get, as in the optimizer: the all-reduce fit, or the configured
+    alpha/beta where set."""
+    fitted = net.allreduce_model()
+    return NetModel(fitted.alpha if cfg.alpha is None else cfg.alpha,
+                    fitted.beta if cfg.beta is None else cfg.beta)
+
+
+class PlanCache:
+    """Plans by (policy, knobs, planner network); plans of net-independent policies are reused
+    for every network, which keeps what-if sweeps fast."""
+
+    def __init__(self, run: RunProfile, base_cfg: Config) -> None:
+        self.run = run
+        self.specs: list[TensorSpec] = specs_from_profile(run)
+        self.profile = ready_profile(run)
+        self.base = {k: v for k, v in base_cfg.as_dict().items() if v is not None}
+        self.base_cfg = base_cfg
+        self._plans: dict[tuple[Any, ...], Plan] = {}
+
+    def config(self, policy: Policy, knobs: dict[str, int]) -> Config:
+        return load_config({**self.base, **knobs, "policy": policy.value}, environ={})
+
+    def plan(self, policy: Policy, knobs: dict[str, int], net: Network) -> Plan:
+        model = planner_model(net, self.base_cfg)
+        key = (policy.value, tuple(sorted(knobs.items())),
+               model if policy.value in NET_DEPENDENT else None)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = make_plan(policy, self.specs, self.profile, model, self.config(policy, knobs))
+            self._plans[key] = plan
+        return plan
+
+
+def allowed_policies(run: RunProfile, overlap_allowed: bool) -> list[Policy]:
+    return [p for p in planned_policies()
+            if not p.overlaps_iterations or (overlap_allowed and run.has_module_info)]
+
+
+def evaluate(cache: PlanCache, policies: list[Policy], net: Network,
+             tune: bool = True) -> list[Ranked]:
+    """Every (policy, knobs) candidate simulated on `net`, fastest first; ties go to the
+    earlier policy (declaration order), then the smaller knobs, so every rank picks the same.
+    Without `tune`, each policy runs with the base configuration's knobs only."""
+    order = {p: i for i, p in enumerate(planned_policies())}
+    out = []
+    for policy in policies:
+        for knobs in knob_grid(policy) if tune else [{}]:
+            plan = cache.plan(policy, knobs, net)
+            result = simulate(cache.run, plan, net, mode_of(policy))
+            out.append(Ranked(policy, knobs, plan, result.iteration_s, result))
+    out.sort(key=lambda r: (r.predicted_s, order[r.policy], sorted(r.knobs.items())))
+    return out
+
+
+def rank_candidates(run: RunProfile, net: Network, base_cfg: Config,
+                    overlap_allowed: bool) -> list[Ranked]:
+    """Every plan valid for the wrapper over the knob grid, by predicted iteration time.
+
+    The overlap policies are candidates only when the wrapper allows them (model= given, a
+    splittable optimizer) and the profile has module information to simulate them.
+    """
+    return evaluate(PlanCache(run, base_cfg), allowed_policies(run, overlap_allowed), net)

@@ -1,0 +1,70 @@
+"""Compute times the simulator needs, with the fallbacks used when a profile lacks them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .profile import RunProfile
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    before_first_ready_s: float  # end of step() -> first gradient: data, forward, loss, ...
+    step_s: float  # the wrapped optimizer's whole update
+    modules: tuple[tuple[str, float], ...]  # forward order: (name, own forward time)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def forward_s(self) -> float:
+        return sum(seconds for _, seconds in self.modules)
+
+
+def module_self_times(run: RunProfile) -> tuple[tuple[tuple[str, float], ...], list[str]]:
+    """Own forward time per module. A schema-1 profile has only inclusive times: own time is
+    then inclusive minus the children's (a child's parent is its longest listed name prefix),
+    as the profiler computes it; a module with no time at all counts 0."""
+    inclusive = {m.name: m.forward_time_s for m in run.modules}
+    children: dict[str, float] = {}
+    for name, seconds in inclusive.items():
+        if name and seconds is not None:
+            parent = name.rpartition(".")[0]
+            while parent and parent not in inclusive:
+                parent = parent.rpartition(".")[0]
+            children[parent] = children.get(parent, 0.0) + seconds
+    rows, derived, unknown = [], 0, 0
+    for m in run.modules:
+        own = m.self_time_s
+        if own is None and m.forward_time_s is not None:
+            own = max(m.forward_time_s - children.get(m.name, 0.0), 0.0)
+            derived += 1
+        elif own is None:
+            own = 0.0
+            unknown += 1
+        rows.append((m.name, own))
+    notes = []
+    if derived:
+        notes.append(f"{derived} modules without self_time_s: own time = forward_time_s minus "
+                     "the children's")
+    if unknown:
+        notes.append(f"{unknown} modules without any forward time count 0 s")
+    return tuple(rows), notes
+
+
+def compute_times(run: RunProfile, with_modules: bool) -> ComputeTimes:
+    notes: list[str] = []
+    modules: tuple[tuple[str, float], ...] = ()
+    if with_modules or run.before_first_ready_s is None:
+        modules, module_notes = module_self_times(run)
+        if with_modules:
+            notes.extend(module_notes)
+    before = run.before_first_ready_s
+    if before is None:
+        # Without the measurement, the forward pass is the best lower bound the profile has.
+        before = sum(seconds for _, seconds in modules)
+        notes.append("compute.before_first_ready_s missing: taken as the modules' forward time "
+                     f"({before * 1e3:.3f} ms; data loading, loss and backward start not counted)")
+    step = run.step_s
+    if step is None:
+        step = 0.0
+        notes.append("compute.step_s missing: the optimizer update counts 0 s")
+    return ComputeTimes(before, step, modules, notes)

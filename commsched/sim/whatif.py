@@ -1,0 +1,173 @@
+"""What-if sweeps: predicted iteration time per policy over workers x bandwidth x compression,
+scaling factor, network utilisation, and the compression ratio a target scaling factor needs.
+
+Scaling factor (weak scaling): T_1 / T_p, the throughput of p workers over p times the
+throughput of one. T_1 is the iteration with no communication at all (one worker), T_p the
+simulated iteration on p workers. 1.0 means communication is completely hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..config import Config, Policy
+from .network import Algorithm, FittedNetwork, LinkNetwork, Network
+from .profile import RunProfile
+from .rank import PlanCache, Ranked, evaluate, mode_of
+from .simulator import SimResult, simulate
+
+TARGET_SCALING = 0.9
+COMPRESSION_CAP = 1000.0
+# Bisection on log(ratio) between 1 and the cap: 14 halvings bring the bracket within 0.05%.
+BISECTION_STEPS = 14
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """The network of a what-if scenario, without the compression ratio."""
+
+    workers: int
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    algorithm: Algorithm
+
+    def network(self, compression: float = 1.0) -> LinkNetwork:
+        return LinkNetwork(self.workers, self.bandwidth_bytes_per_s, self.latency_s,
+                           self.algorithm, compression)
+
+
+@dataclass
+class Row:
+    model: str
+    policy: str
+    knobs: dict[str, int]
+    workers: int
+    bandwidth_bytes_per_s: float | None  # None: the profile's fitted network
+    compression: float
+    iteration_s: float
+    speedup_vs_horovod: float
+    scaling: float
+    utilisation: float | None  # wire bytes / (iteration x link bandwidth)
+    busy_fraction: float  # channel busy time / iteration
+    compression_for_target: float | None = None  # None: unreachable up to the cap
+    searched: bool = False  # False: no search was made (fitted network)
+    result: SimResult | None = field(default=None, repr=False)
+
+    def as_json(self) -> dict:
+        target: float | str | None = self.compression_for_target
+        if self.searched and target is None:
+            target = "unreachable"
+        return {"model": self.model, "policy": self.policy, "knobs": self.knobs,
+                "workers": self.workers,
+                "bandwidth_gbit_s": None if self.bandwidth_bytes_per_s is None
+                else self.bandwidth_bytes_per_s * 8 / 1e9,
+                "compression": self.compression, "iteration_s": self.iteration_s,
+                "speedup_vs_horovod": self.speedup_vs_horovod, "scaling": self.scaling,
+                "utilisation": self.utilisation, "busy_fraction": self.busy_fraction,
+                "compression_for_target": target}
+
+
+def compute_only_s(run: RunProfile, cache: PlanCache) -> float:
+    """T_1: one worker, where every collective costs nothing."""
+    alone = LinkNetwork(1, 1.0, 0.0)
+    plan = cache.plan(Policy.HOROVOD, {}, alone)
+    return simulate(run, plan, alone, mode_of(Policy.HOROVOD)).iteration_s
+
+
+def best_per_policy(cache: PlanCache, policies: list[Policy], net: Network,
+                    tune: bool) -> dict[Policy, Ranked]:
+    ranked = evaluate(cache, policies, net, tune)
+    best: dict[Policy, Ranked] = {}
+    for r in ranked:
+        best.setdefault(r.policy, r)
+    return best
+
+
+def smallest_ratio(scaling_at: Callable[[float], float], target: float,
+                   cap: float = COMPRESSION_CAP) -> float | None:
+    """Smallest compression ratio in [1, cap] whose scaling factor reaches `target`, by
+    bisection on log(ratio) (the answer is the bracket's upper end, so it always reaches the
+    target); None when even `cap` does not (latency or compute alone prevent it)."""
+    if scaling_at(1.0) >= target:
+        return 1.0
+    if scaling_at(cap) < target:
+        return None
+    low, high = 0.0, math.log(cap)
+    for _ in range(BISECTION_STEPS):
+        middle = (low + high) / 2
+        if scaling_at(math.exp(middle)) >= target:
+            high = middle
+        else:
+            low = middle
+    return math.exp(high)
+
+
+def utilisation(result: SimResult, net: Network) -> float | None:
+    if isinstance(net, LinkNetwork):
+        if net.workers <= 1 or result.iteration_s <= 0:
+            return 0.0
+        return result.wire_bytes / (result.iteration_s * net.bandwidth_bytes_per_s)
+    return None
+
+
+def _rows_for(model: str, cache: PlanCache, policies: list[Policy], net: Network,
+              t1: float, tune: bool, workers: int,
+              bandwidth: float | None, compression: float) -> dict[Policy, Row]:
+    best = best_per_policy(cache, policies, net, tune)
+    baseline = best[Policy.HOROVOD].predicted_s
+    rows = {}
+    for policy in policies:
+        r = best[policy]
+        assert r.result is not None
+        rows[policy] = Row(model, policy.value, r.knobs, workers, bandwidth, compression,
+                           r.predicted_s, baseline / r.predicted_s, t1 / r.predicted_s,
+                           utilisation(r.result, net), r.result.network_busy_fraction,
+                           result=r.result)
+    return rows
+
+
+def sweep(model: str, run: RunProfile, base_cfg: Config, policies: list[Policy],
+          links: list[LinkSpec], compressions: list[float], tune: bool = True,
+          target: float = TARGET_SCALING) -> tuple[float, list[Row]]:
+    """T_1 and one row per (link, compression, policy); `horovod` is always simulated, as the
+    baseline of the speed-up, and reported only when asked for."""
+    cache = PlanCache(run, base_cfg)
+    t1 = compute_only_s(run, cache)
+    simulated = policies if Policy.HOROVOD in policies else [Policy.HOROVOD, *policies]
+    rows: list[Row] = []
+    for link in links:
+        needed: dict[Policy, float | None] = {}
+        for policy in policies:
+            def scaling_at(ratio: float, policy: Policy = policy, link: LinkSpec = link) -> float:
+                best = best_per_policy(cache, [policy], link.network(ratio), tune)[policy]
+                return t1 / best.predicted_s
+            needed[policy] = smallest_ratio(scaling_at, target)
+        for ratio in compressions:
+            found = _rows_for(model, cache, simulated, link.network(ratio), t1, tune,
+                              link.workers, link.bandwidth_bytes_per_s, ratio)
+            for policy in policies:
+                found[policy].compression_for_target = needed[policy]
+                found[policy].searched = True
+                rows.append(found[policy])
+    return t1, rows
+
+
+def fitted_rows(model: str, run: RunProfile, doc: dict, base_cfg: Config,
+                policies: list[Policy], tune: bool = True) -> tuple[float, list[Row], list[str]]:
+    """The profiled run's own network (fitted alpha/beta) at its own world size."""
+    cache = PlanCache(run, base_cfg)
+    t1 = compute_only_s(run, cache)
+    net = FittedNetwork.from_document(doc)
+    simulated = policies if Policy.HOROVOD in policies else [Policy.HOROVOD, *policies]
+    found = _rows_for(model, cache, simulated, net, t1, tune, net.world_size, None, 1.0)
+    return t1, [found[p] for p in policies], list(net.notes)
+
+
+def describe_knobs(knobs: dict[str, int]) -> str:
+    parts = []
+    for key, value in sorted(knobs.items()):
+        shown = f"{value // (1 << 20)}MiB" if value % (1 << 20) == 0 and value else str(value)
+        parts.append(f"{key}={shown}")
+    return ",".join(parts) or "-"
