@@ -82,6 +82,11 @@ def plot_timelines(panels: list[tuple[str, SimResult]], path: str | Path) -> Non
         ax.set_yticks(range(len(LANES)), LANES)
         ax.set_xlim(0, result.iteration_s * 1e3)
         ax.set_title(f"{title}: {result.iteration_s * 1e3:.1f} ms", fontsize=9)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=k) for k, c in COLOURS.items()]
+    axes[0, 0].legend(handles=handles, fontsize=7, ncol=len(handles), loc="lower right",
+                      bbox_to_anchor=(1.0, 1.12), frameon=False)
     axes[-1, 0].set_xlabel("ms from the end of the previous step()")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -20,6 +20,17 @@ def ratio_text(row: Row) -> str:
     return f"{row.compression_for_target:.2f}"
 
 
+def least_ratio(rows: list[Row], scenario: Row) -> str:
+    """The smallest compression any policy needs for the target in `scenario`'s network."""
+    same = [r for r in rows if r.searched and r.compression_for_target is not None
+            and (r.workers, r.bandwidth_bytes_per_s) == (scenario.workers,
+                                                         scenario.bandwidth_bytes_per_s)]
+    if not same:
+        return "-" if not scenario.searched else "unreachable"
+    least = min(same, key=lambda r: (r.compression_for_target or 0.0, r.iteration_s))
+    return f"{ratio_text(least)} ({least.policy})"
+
+
 def _cells(row: Row) -> list[str]:
     return [str(row.workers), link_text(row), f"{row.compression:g}", row.policy,
             describe_knobs(row.knobs), f"{row.iteration_s * 1e3:.1f}",
@@ -49,14 +60,15 @@ def _md(lines: list[list[str]]) -> str:
 def summary_lines(models: dict[str, list[Row]], target: float) -> list[list[str]]:
     """Horovod vs the fastest policy per scenario (at the first compression ratio)."""
     lines = [["model", "workers", "link", "horovod scaling", "fastest policy", "its scaling",
-              f"horovod: compression for {target:g}", f"fastest: compression for {target:g}"]]
+              f"horovod: compression for {target:g}", f"fastest: compression for {target:g}",
+              f"least compression for {target:g} (policy)"]]
     for model, rows in models.items():
         if not rows:
             continue
         for horovod, best in best_rows(rows, rows[0].compression):
             lines.append([model, str(best.workers), link_text(best), f"{horovod.scaling:.3f}",
                           f"{best.policy} ({describe_knobs(best.knobs)})", f"{best.scaling:.3f}",
-                          ratio_text(horovod), ratio_text(best)])
+                          ratio_text(horovod), ratio_text(best), least_ratio(rows, best)])
     return lines
 
 
