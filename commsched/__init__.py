@@ -19,6 +19,8 @@ from .bootstrap import (
 from .compression import Compression
 from .config import ConfigError, Policy, load_config
 from .consistency import MismatchError
+from .engine import RankFailureError
+from .liveness import StallWarning
 from .ops import Adasum, Average, ReduceOp, Sum
 from .optimizer import DistributedOptimizer
 
@@ -26,7 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "MismatchError",
-    "Policy", "ReduceOp", "Sum", "broadcast_object", "broadcast_optimizer_state",
+    "Policy", "RankFailureError", "StallWarning", "ReduceOp", "Sum", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "init", "is_initialized", "load_config", "local_rank", "rank",
     "shutdown", "size",
 ]

@@ -42,6 +42,8 @@ class World:
     control_group: Any | None  # Gloo group for small control messages (plans, hashes)
     owns_process_group: bool
     timeout: float
+    store_address: tuple[str, int] | None = None  # rendezvous store, for heartbeats
+    liveness: Any = None
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if self.size == 1:
@@ -141,7 +143,9 @@ def _horovod_world(timeout: float) -> World:
     if rank != 0:
         store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=delta)
     dist.init_process_group(_backend(), store=store, rank=rank, world_size=size, timeout=delta)
-    return _world_from_group(rank, size, local_rank, Launcher.HOROVOD, True, timeout)
+    w = _world_from_group(rank, size, local_rank, Launcher.HOROVOD, True, timeout)
+    w.store_address = (address[0], int(address[1]))
+    return w
 
 
 def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher, owns: bool,
@@ -183,9 +187,23 @@ def init(timeout: float | None = None) -> World:
         _world = _torchrun_world(seconds)
     else:
         _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
+    _start_liveness(_world)
     log.debug("commsched.init: rank %d of %d via %s", _world.rank, _world.size,
               _world.launcher.value)
     return _world
+
+
+def _start_liveness(w: World) -> None:
+    address = w.store_address
+    if address is None and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if w.size == 1 or address is None:
+        return
+    from .engine import live_engines
+    from .liveness import Liveness
+
+    w.liveness = Liveness(address[0], address[1], w.rank, w.size, load_config().stall_warning,
+                          live_engines)
 
 
 def world() -> World:
@@ -206,6 +224,8 @@ def shutdown() -> None:
     shutdown_all_engines()
     if _world is None:
         return
+    if _world.liveness is not None:
+        _world.liveness.stop()
     if _world.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
     if _world.launcher is Launcher.HOROVOD:

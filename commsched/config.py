@@ -91,6 +91,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("timeout", Kind.SECONDS, 300.0, "Limit of every wait (collectives, bootstrap, flush); "
          "its error names the blocks and tensors that were not ready.", minimum=0,
          exclusive_minimum=True, maximum=7 * 24 * 3600),
+    Knob("stall_warning", Kind.SECONDS, 60.0, "Rank 0 warns, per rank, which gradients are ready "
+         "on some ranks and missing on others once a rank has waited this long (0: never).",
+         minimum=0, maximum=7 * 24 * 3600),
     Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod`: most bytes fused into one "
          "collective (0 disables fusion); `dear`: most bytes of one reduce-scatter buffer.",
          minimum=0, maximum=1 << 40, horovod_twin="HOROVOD_FUSION_THRESHOLD"),
@@ -125,6 +128,7 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 class Config:
     policy: Policy
     timeout: float
+    stall_warning: float
     fusion_threshold: int
     cycle_time: float
     bucket_bytes: int

@@ -3,6 +3,8 @@ and profiler fed. The work itself happens in commsched._C on background threads.
 
 from __future__ import annotations
 
+import itertools
+import time
 import weakref
 
 import torch
@@ -16,6 +18,16 @@ from .profiler import Profiler
 from .timeline import TimelineWriter
 
 _live_engines: weakref.WeakSet[EngineHandle] = weakref.WeakSet()
+_engine_ids = itertools.count()
+
+
+class RankFailureError(RuntimeError):
+    """A collective failed or timed out; the message names the ranks that stopped responding
+    (from the heartbeats) and the blocks this rank was waiting for."""
+
+
+def live_engines() -> list[EngineHandle]:
+    return list(_live_engines)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -26,6 +38,10 @@ class EngineHandle:
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "") -> None:
         self.specs = specs
+        self.engine_id = next(_engine_ids)  # wrap order is the same on every rank
+        self.iteration = 0
+        self._world = world
+        self._waiting_since: float | None = None
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
@@ -59,10 +75,29 @@ class EngineHandle:
     def not_ready(self) -> list[int]:
         return list(self._engine.not_ready_tensors())
 
+    def progress(self) -> dict:
+        """What the heartbeat publishes for the stall inspector (called from its thread)."""
+        since = self._waiting_since
+        return {"iteration": self.iteration, "waiting_s": None if since is None else time.monotonic() - since,
+                "not_ready": [self.specs[t].name for t in self._engine.not_ready_tensors()]}
+
+    def _guarded(self, call, *args):  # noqa: ANN001, ANN202
+        """Runs an engine wait; a failure is re-raised naming the peers that went silent."""
+        self._waiting_since = time.monotonic()
+        try:
+            return call(*args)
+        except RuntimeError as err:
+            liveness = getattr(self._world, "liveness", None)
+            verdict = liveness.silent_ranks()[1] if liveness is not None else ""
+            raise RankFailureError(f"{verdict}: {err}" if verdict else str(err)) from err
+        finally:
+            self._waiting_since = None
+
     def wait(self) -> None:
         """Waits for every block of the iteration, then records it for the profiler."""
         started = _C.now_us()
-        self._engine.wait_all(self.timeout_ms)
+        self._guarded(self._engine.wait_all, self.timeout_ms)
+        self.iteration += 1
         self.span("wait", started, what="all blocks")
         ops = [b.op.name.lower() for b in self.plan.blocks] if self.plan else []
         self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings(), ops)
@@ -71,7 +106,7 @@ class EngineHandle:
 
     def wait_block(self, position: int) -> None:
         started = _C.now_us()
-        self._engine.wait_block(position, self.timeout_ms)
+        self._guarded(self._engine.wait_block, position, self.timeout_ms)
         self.span("wait", started, what=f"block at position {position}")
 
     def span(self, name: str, started_us: int, **args: object) -> None:
@@ -80,7 +115,7 @@ class EngineHandle:
             self.timeline.span(name, 3, started_us, _C.now_us(), **args)
 
     def release(self, position: int) -> None:
-        self._engine.release(position)
+        self._guarded(self._engine.release, position)
 
     def set_credit(self, nbytes: int) -> None:
         self._engine.set_credit(nbytes)

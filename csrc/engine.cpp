@@ -339,7 +339,7 @@ void Engine::wait_done_locked(std::unique_lock<std::mutex>& lock, int64_t count,
   bool finished = done_cv_.wait_until(lock, deadline, [&] {
     return !error_.empty() || completed_ >= count || stopping();
   });
-  TORCH_CHECK(error_.empty(), "commsched: ", error_);
+  TORCH_CHECK(error_.empty(), "commsched: ", error_, "\nblocks unfinished:", pending_report());
   TORCH_CHECK(!stopping(), "commsched: engine was shut down while waiting");
   TORCH_CHECK(finished, "commsched: timed out after ", timeout_ms / 1000.0,
               " s (COMMSCHED_TIMEOUT) with ", plan_.size() - completed_, " of ", plan_.size(),

@@ -60,8 +60,9 @@ def _describe_exit(code: int | None) -> str:
 
 def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float = 60.0,
                      env: dict[str, str] | None = None, args: tuple = (),
-                     expect_errors: bool = False) -> dict[int, Any]:
-    """Returns {rank: return value}; with `expect_errors`, {rank: traceback text or value}."""
+                     expect_errors: bool = False, may_die: tuple[int, ...] = ()) -> dict[int, Any]:
+    """Returns {rank: return value}; with `expect_errors`, {rank: traceback text or value}.
+    Ranks in `may_die` are allowed to end without reporting (fault-injection tests kill them)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -90,6 +91,8 @@ def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float
     if hung:
         problems.append(f"ranks {hung} hung: still running after {timeout:.0f} s, killed")
     for rank, proc in enumerate(procs):
+        if rank in may_die and rank not in outcomes:
+            continue
         if rank not in outcomes and rank not in hung:
             problems.append(f"rank {rank} reported nothing ({_describe_exit(proc.exitcode)})")
         elif rank in outcomes and proc.exitcode not in (0, None) and rank not in hung:
