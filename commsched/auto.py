@@ -36,6 +36,8 @@ class AutoState:
     measured_s: float | None = None
     replanned: bool = False
     periods: list[float] = field(default_factory=list)
+    # One entry per choice: policy, knobs, predicted and (after CHECK_STEPS) measured seconds.
+    history: list[dict] = field(default_factory=list)
 
     @property
     def chosen(self) -> Ranked | None:
@@ -52,6 +54,8 @@ class AutoState:
         self.predicted_s = ranked[0].predicted_s
         self.measured_s = None
         self.periods.clear()
+        self.history.append({"policy": ranked[0].policy.value, "knobs": dict(ranked[0].knobs),
+                             "predicted_s": ranked[0].predicted_s, "measured_s": None})
         log.info("commsched auto: predicted %.1f ms for %s %s (next: %s)", 1e3 * ranked[0].predicted_s,
                  ranked[0].policy.value, ranked[0].knobs,
                  ", ".join(f"{r.policy.value} {1e3 * r.predicted_s:.1f} ms" for r in ranked[1:4]))
@@ -72,6 +76,7 @@ class AutoState:
         """Logs the measurement; True if it calls for the one re-plan."""
         assert self.predicted_s is not None
         self.measured_s = measured_s
+        self.history[-1]["measured_s"] = measured_s
         error = abs(measured_s - self.predicted_s) / self.predicted_s
         log.info("commsched auto: measured %.1f ms over %d steps, predicted %.1f ms (error %.0f%%)",
                  1e3 * measured_s, CHECK_STEPS, 1e3 * self.predicted_s, 100 * error)
@@ -85,5 +90,5 @@ class AutoState:
         return {"policy": chosen.policy.value if chosen else None,
                 "knobs": dict(chosen.knobs) if chosen else {},
                 "predicted_s": self.predicted_s, "measured_s": self.measured_s,
-                "replanned": self.replanned,
+                "replanned": self.replanned, "history": [dict(h) for h in self.history],
                 "ranking": [(r.policy.value, dict(r.knobs), r.predicted_s) for r in self.choices]}

@@ -1,0 +1,75 @@
+"""The `auto` policy on 2 Gloo ranks: every rank installs the same simulated-fastest plan, the
+prediction is compared with the measured median after 20 steps, and training equals a
+single-process reference that averages both ranks' gradients."""
+
+from __future__ import annotations
+
+import torch
+from helpers import distributed_test
+from torch import nn
+
+STEPS = 3 + 1 + 20 + 2  # profiling, the re-plan step, the measured window, and a few more
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(4)
+    return nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+
+
+def _batch(step: int, rank: int) -> torch.Tensor:
+    return torch.randn(6, 12, generator=torch.Generator().manual_seed(1000 * rank + step))
+
+
+def _reference(world: int) -> list[torch.Tensor]:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad()
+        (sum(model(_batch(step, r)).square().mean() for r in range(world)) / world).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _auto_job(with_model: bool) -> dict:
+    import commsched
+
+    rank = commsched.init().rank
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         named_parameters=model.named_parameters(),
+                                         model=model if with_model else None, policy="auto",
+                                         profile_steps=3)
+    for step in range(STEPS):
+        opt.zero_grad()
+        model(_batch(step, rank)).square().mean().backward()
+        opt.step()
+    opt.flush()  # type: ignore[attr-defined]
+    return {"summary": opt.auto.summary(), "fingerprint": opt.plan.fingerprint,  # type: ignore[attr-defined]
+            "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def test_auto_installs_one_plan_everywhere_and_trains_like_the_reference() -> None:
+    expected = _reference(2)
+    for with_model in (True, False):
+        results = distributed_test(_auto_job, world_size=2, timeout=120, args=(with_model,))
+        first, second = results[0], results[1]
+        assert first["fingerprint"] == second["fingerprint"]
+        summary = first["summary"]
+        assert summary["policy"] == second["summary"]["policy"]
+        ranked = [policy for policy, _, _ in summary["ranking"]]
+        assert summary["policy"] == ranked[0] and summary["predicted_s"] > 0
+        first_choice = summary["history"][0]
+        assert first_choice["measured_s"] is not None and first_choice["measured_s"] > 0
+        error = abs(first_choice["measured_s"] - first_choice["predicted_s"]) / first_choice["predicted_s"]
+        assert summary["replanned"] == (error > 0.2)  # the one re-plan, exactly when 20% off
+        assert len(summary["history"]) == (2 if summary["replanned"] else 1)
+        predictions = [t for _, _, t in summary["ranking"]]
+        assert predictions == sorted(predictions)
+        overlap = {"bytescheduler", "prophet", "dear"}
+        if with_model:
+            assert overlap <= set(ranked)
+        else:
+            assert not overlap & set(ranked)  # no model=: only synchronous plans are valid
+        for rank_result in (first, second):
+            for got, want in zip(rank_result["params"], expected, strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
