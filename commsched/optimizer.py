@@ -109,7 +109,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if cfg.policy is Policy.DDP:
             return 1, make_plan(cfg.policy, self._cs_specs, Profile(), NetModel(), cfg)
         if cfg.profile_steps > 0:
-            return cfg.profile_steps, make_profiling_plan(self._cs_specs, Profile())
+            return cfg.profile_steps, make_profiling_plan(self._cs_specs, Profile(), cfg.policy)
         if cfg.policy is Policy.AUTO:
             raise ValueError("commsched: policy 'auto' chooses from a profile: "
                              "COMMSCHED_PROFILE_STEPS (profile_steps) must be > 0")

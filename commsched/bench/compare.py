@@ -182,16 +182,23 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
     from .validate import add_predictions, auto_verdict, load_document, predict_ms
 
     predicted, verdict = {}, None
+    documents = {c.name: load_document(c.profile_path) for c in candidates if c.profile_path}
+    # `ddp` re-plans after one step, so its own profile holds a single warm-up iteration: its
+    # plan is simulated on the first profile that has enough iterations.
+    fallback = next((d for d in documents.values() if d.get("iterations", 0) >= 3), None)
     for cand in candidates:
         if not cand.profile_path:
             continue
         auto = getattr(cand.optimizer, "auto", None)
         if auto is not None:
-            predicted[cand.name] = 1e3 * auto.predicted_s
+            predicted[cand.name] = 1e3 * auto.history[-1]["predicted_s"]  # the plan running last
             verdict = (cand.name, auto.summary())
             continue
         policy = Policy(parse_candidate(cand.name)[0])
-        predicted[cand.name] = predict_ms(load_document(cand.profile_path), cand.optimizer.plan, policy)
+        document = documents[cand.name]
+        if document.get("iterations", 0) < 3 and fallback is not None:
+            document = fallback
+        predicted[cand.name] = predict_ms(document, cand.optimizer.plan, policy)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 

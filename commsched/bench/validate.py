@@ -46,3 +46,42 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1e3 * seconds
+
+
+TARGET = 0.15  # the issue's bound on each prediction's error
+
+
+def summary_markdown(result_files: list[str]) -> str:
+    """One table over every setting: measured vs predicted per policy, and auto's picks."""
+    lines = ["| model | link | candidate | measured ms | predicted ms | error | within 15% |",
+             "|---|---|---|---:|---:|---:|---|"]
+    within = total = picks = hits = 0
+    for path in result_files:
+        doc = load_document(path)
+        meta, rows = doc["meta"], doc["rows"]
+        for row in rows:
+            if row.get("predicted_ms") is None:
+                continue
+            ok = row["prediction_error"] <= TARGET
+            within, total = within + ok, total + 1
+            lines.append(f"| {meta['model']} | {meta.get('network', '')} | {row['name']} "
+                         f"| {row['median_ms']:.1f} | {row['predicted_ms']:.1f} "
+                         f"| {100 * row['prediction_error']:.0f}% | {'yes' if ok else 'no'} |")
+        verdict = doc["bound"].get("auto")
+        if verdict:
+            picks, hits = picks + 1, hits + bool(verdict["picked_fastest"])
+    lines += ["", f"Predictions within 15%: {within} of {total}. `auto` picked the measured-fastest "
+              f"policy in {hits} of {picks} settings."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    files = list(sys.argv[1:] if argv is None else argv)
+    print(summary_markdown(files))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

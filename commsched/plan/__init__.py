@@ -13,7 +13,7 @@ from .horovod import plan_horovod
 from .mgwfbp import plan_mgwfbp
 from .prophet import plan_prophet
 from .types import Block, Collective, NetModel, Piece, Plan, Profile, Stage, TensorSpec
-from .units import layerwise
+from .units import layerwise, layerwise_decoupled
 
 PROFILING_POLICY = "layerwise"
 
@@ -37,7 +37,10 @@ def make_plan(policy: Policy, specs: list[TensorSpec], profile: Profile, net: Ne
     return Plan(policy.value, blocks)
 
 
-def make_profiling_plan(specs: list[TensorSpec], profile: Profile) -> Plan:
+def make_profiling_plan(specs: list[TensorSpec], profile: Profile,
+                        policy: Policy | None = None) -> Plan:
+    if policy in (Policy.DEAR, Policy.AUTO):
+        return Plan(PROFILING_POLICY, layerwise_decoupled(specs, profile))
     return Plan(PROFILING_POLICY, layerwise(specs, profile))
 
 

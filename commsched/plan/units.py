@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .types import Block, Piece, Profile, TensorSpec
+from .types import Block, Collective, Piece, Profile, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,21 @@ def layerwise(specs: list[TensorSpec], profile: Profile) -> tuple[Block, ...]:
     """One collective per unit in ready order (WFBP): the profiling plan, and what every
     policy degenerates to when fusion is off."""
     return blocks_from_unit_lists([[u] for u in units_in_ready_order(specs, profile)])
+
+
+def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Block, ...]:
+    """The profiling plan when reduce-scatter and all-gather must be fitted too (`dear`, `auto`):
+    every other unit is reduced as a reduce-scatter immediately followed by its all-gather,
+    which together equal its all-reduce, so training is unchanged while the profiler times all
+    three collectives on this transport (on Gloo's CPU path a reduce-scatter costs about as
+    much as an all-reduce, far from the textbook half)."""
+    blocks: list[Block] = []
+    for i, block in enumerate(layerwise(specs, profile)):
+        block_id = len(blocks)
+        if i % 2 == 0:
+            blocks.append(Block(block_id, block.pieces, block.dtype))
+            continue
+        blocks.append(Block(block_id, block.pieces, block.dtype, Collective.REDUCE_SCATTER))
+        blocks.append(Block(block_id + 1, block.pieces, block.dtype, Collective.ALL_GATHER,
+                            source=block_id))
+    return tuple(blocks)

@@ -186,3 +186,16 @@ def test_bytescheduler_never_fuses_across_dtypes() -> None:
     specs = specs_of([1, 2, 1], [F32, ("float16", 2), F32])  # 4 B, 4 B, 4 B
     blocks = plan_bytescheduler(specs, Profile((0.0, 0.0, 0.0)), NetModel(), cfg(partition_bytes=64))
     assert block_tensors(blocks) == [[0, 2], [1]]
+
+
+def test_profiling_plan_for_dear_and_auto_times_every_collective() -> None:
+    specs = specs_of([4, 4, 4])
+    plain = make_profiling_plan(specs, Profile())
+    assert {b.op for b in plain.blocks} == {Collective.ALLREDUCE}
+    for policy in (Policy.DEAR, Policy.AUTO):
+        plan = make_profiling_plan(specs, Profile(), policy)
+        assert [b.op for b in plan.blocks] == [Collective.ALLREDUCE, Collective.REDUCE_SCATTER,
+                                               Collective.ALL_GATHER, Collective.ALLREDUCE]
+        scatter, gather = plan.blocks[1], plan.blocks[2]
+        assert gather.source == scatter.block_id and gather.pieces == scatter.pieces
+        assert all(b.stage is Stage.BACKWARD for b in plan.blocks)  # synchronous: nothing deferred

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Simulator validation (issue: what-if simulator, item 5): every policy and `auto` on the built-in
+# CNN and Transformer at two shaped bandwidths, 2 ranks; each commsched candidate's plan is
+# simulated from the profile written when its profiling steps ended and set beside the measured
+# median. Writes benchmarks/sim_validation/<model>-<rate>/results.* and README.md.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+scripts/setup.sh
+RATES="${RATES:-1gbit 2gbit}"
+OUT="${OUT:-benchmarks/sim_validation}"
+CANDIDATES="local (no comm),hvd,commsched:horovod,commsched:ddp,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
+trap 'scripts/netem.sh down' EXIT
+export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
+results=()
+for rate in $RATES; do
+  scripts/netem.sh up "$rate"
+  for spec in "cnn 64" "transformer 8"; do
+    set -- $spec
+    dir="$OUT/$1-$rate"
+    profiles="$(mktemp -d)"
+    scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
+      --model "$1" --batch-size "$2" --rounds 2 --steps 8 --warmup 7 --candidates "$CANDIDATES" \
+      --predict-dir "$profiles" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
+      | grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
+    rm -rf "$profiles"
+    results+=("$dir/results.json")
+  done
+done
+{
+  echo "# Simulator validation: predicted vs measured iteration time, 2 ranks"
+  echo
+  echo "Command: \`RATES=\"$RATES\" scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from the profile that candidate wrote after its profiling steps (\`ddp\` re-plans after one step, so its plan is simulated on the first profile with at least 3 iterations). \`auto\` is predicted by itself."
+  echo
+  .venv/bin/python -m commsched.bench.validate "${results[@]}"
+  for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done
+} > "$OUT/README.md"
+echo "bench_sim: wrote $OUT/README.md" >&2
