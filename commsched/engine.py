@@ -42,6 +42,7 @@ class EngineHandle:
         self.iteration = 0
         self._world = world
         self._waiting_since: float | None = None
+        self.waited_s = 0.0  # the training thread's total time blocked in engine waits
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
@@ -91,6 +92,7 @@ class EngineHandle:
             verdict = liveness.silent_ranks()[1] if liveness is not None else ""
             raise RankFailureError(f"{verdict}: {err}" if verdict else str(err)) from err
         finally:
+            self.waited_s += time.monotonic() - self._waiting_since
             self._waiting_since = None
 
     def wait(self) -> None:

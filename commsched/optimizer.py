@@ -68,6 +68,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_synchronized = False
         self._cs_iteration = 0
         self._cs_step_end_us = -1
+        self._cs_waited_at_step_end = 0.0
+        self._cs_first_hook_seen = False
         self.backward_passes_per_step = backward_passes_per_step
         tracked = [(n, p) for n, p in named if p.requires_grad]
         self._cs_params = [p for _, p in tracked]
@@ -182,6 +184,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._cs_runner is not None and self._cs_runner.open:
                 # No forward pass of `model` closed the previous iteration: do it now.
                 self._cs_runner.finish()
+            if not self._cs_first_hook_seen:
+                self._cs_first_hook_seen = True
+                self._cs_note_compute_before_backward()
             remaining = self._cs_delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(_TOO_MANY_BACKWARDS)
@@ -197,6 +202,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if remaining == 1:
                 self._cs_engine.mark_ready(tensor_id, param.grad)
         return hook
+
+    def _cs_note_compute_before_backward(self) -> None:
+        """From the end of the last step() to this iteration's first gradient, minus the time the
+        training thread spent waiting on the engine (overlap mode waits in the forward pass):
+        the compute the simulator needs before backward produces gradients."""
+        if self._cs_step_end_us < 0:
+            return
+        engine = self._cs_engine
+        elapsed = (_C.now_us() - self._cs_step_end_us) / 1e6
+        engine.profiler.note("before_first_ready_s",
+                             max(elapsed - (engine.waited_s - self._cs_waited_at_step_end), 0.0))
 
     @property
     def _cs_pending(self) -> bool:
@@ -218,6 +234,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _cs_end_iteration(self) -> None:
         self._cs_delay = [self.backward_passes_per_step] * len(self._cs_specs)
+        self._cs_first_hook_seen = False
         self._cs_iteration += 1
         self._cs_engine.mark(f"iteration {self._cs_iteration}")
         now = time.perf_counter()
@@ -235,9 +252,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.flush()
         self._cs_launch_rest()
         self._cs_engine.wait()
-        profiler = self._cs_engine.profiler
-        if self._cs_step_end_us >= 0 and profiler.last_first_ready_us >= 0:
-            profiler.note("before_first_ready_s", (profiler.last_first_ready_us - self._cs_step_end_us) / 1e6)
         self._cs_end_iteration()
         self._cs_synchronized = True
 
@@ -265,6 +279,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._cs_launch_rest()
             runner.begin()
             self._cs_end_iteration()
+            self._cs_engine.profiler.note("step_s", runner.take_update_seconds())
+            self._cs_mark_step_end()
             return None
         if self._cs_should_synchronize:
             if self._cs_synchronized:
@@ -273,10 +289,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_synchronized = False
         started = _C.now_us()
         result = super().step(closure)
-        self._cs_step_end_us = _C.now_us()
+        self._cs_mark_step_end()
         self._cs_engine.span("update", started)
         self._cs_engine.profiler.note("step_s", (self._cs_step_end_us - started) / 1e6)
         return result
+
+    def _cs_mark_step_end(self) -> None:
+        self._cs_step_end_us = _C.now_us()
+        self._cs_waited_at_step_end = self._cs_engine.waited_s
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()

@@ -72,6 +72,7 @@ class OverlapRunner:
         self._sub_optimizers: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         self.active = False
         self.recording = True  # module order and times, while no overlap plan is active
+        self._update_us = 0
         self.open = False
         self._pending: set[int] = set()
         self._grads: dict[int, torch.Tensor] = {}
@@ -125,6 +126,11 @@ class OverlapRunner:
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
         self.active = True
 
+    def take_update_seconds(self) -> float:
+        """Time spent applying updates since the last call (the profiler's step_s)."""
+        seconds, self._update_us = self._update_us / 1e6, 0
+        return seconds
+
     def deactivate(self) -> None:
         """A synchronous plan replaced the overlap one (`auto`): hooks stop doing anything."""
         self.active = False
@@ -172,6 +178,7 @@ class OverlapRunner:
             self._params[t].grad = self._grads[t]
         started = _C.now_us()
         sub.step()
+        self._update_us += _C.now_us() - started
         self._engine.span("update", started, tensors=len(tids))
         for t in tids:
             self._params[t].grad = None

@@ -44,6 +44,10 @@ def _keep_last(values: list, limit: int) -> None:
         del values[: len(values) - limit]
 
 
+def latest_half(values: list) -> list:
+    return values[len(values) // 2:]
+
+
 @dataclass
 class Profiler:
     """Collects one record per finished iteration."""
@@ -82,21 +86,19 @@ class Profiler:
         _keep_last(values, KEEP_ITERATIONS)
 
     def compute(self) -> dict[str, float]:
-        """Median of each compute sample; the first is dropped when there are others."""
-        out = {}
-        for kind, values in self.compute_samples.items():
-            rows = values[1:] if len(values) > 1 else values
-            out[kind] = statistics.median(rows)
-        return out
+        """Median of the latest half of each compute sample (see `profile`)."""
+        return {kind: statistics.median(latest_half(values))
+                for kind, values in self.compute_samples.items() if values}
 
     @property
     def iterations(self) -> int:
         return len(self.ready_samples)
 
     def profile(self) -> Profile:
-        """Median ready time per tensor over the recorded iterations; the first iteration is
-        dropped when there are others (it includes one-off allocation and warm-up)."""
-        rows = self.ready_samples[1:] if len(self.ready_samples) > 1 else self.ready_samples
+        """Median ready time per tensor over the latest half of the recorded iterations: the
+        first iterations are warm-up (allocations; a Transformer's backward took 4x its steady
+        time for about ten steps here), and a re-plan late in a run should see the present."""
+        rows = latest_half(self.ready_samples)
         if not rows:
             return Profile()
         times = []

@@ -20,7 +20,7 @@ for rate in $RATES; do
     dir="$OUT/$1-$rate"
     profiles="$(mktemp -d)"
     scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
-      --model "$1" --batch-size "$2" --rounds 2 --steps 8 --warmup 7 --candidates "$CANDIDATES" \
+      --model "$1" --batch-size "$2" --rounds 2 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
       --predict-dir "$profiles" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
     rm -rf "$profiles"
@@ -30,7 +30,7 @@ done
 {
   echo "# Simulator validation: predicted vs measured iteration time, 2 ranks"
   echo
-  echo "Command: \`RATES=\"$RATES\" scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from the profile that candidate wrote after its profiling steps (\`ddp\` re-plans after one step, so its plan is simulated on the first profile with at least 3 iterations). \`auto\` is predicted by itself."
+  echo "Command: \`RATES=\"$RATES\" scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run (the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is predicted by itself, as it decided; 28 warm-up steps per candidate cover its profiling steps, its 20-step check and its one re-plan."
   echo
   .venv/bin/python -m commsched.bench.validate "${results[@]}"
   for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done

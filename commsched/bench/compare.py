@@ -179,26 +179,21 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
     """Rank 0: the simulator's prediction per commsched candidate; `auto`'s pick checked against
     the measured-fastest policy."""
     from ..config import Policy
-    from .validate import add_predictions, auto_verdict, load_document, predict_ms
+    from .validate import add_predictions, auto_verdict, predict_ms
 
     predicted, verdict = {}, None
-    documents = {c.name: load_document(c.profile_path) for c in candidates if c.profile_path}
-    # `ddp` re-plans after one step, so its own profile holds a single warm-up iteration: its
-    # plan is simulated on the first profile that has enough iterations.
-    fallback = next((d for d in documents.values() if d.get("iterations", 0) >= 3), None)
     for cand in candidates:
         if not cand.profile_path:
             continue
         auto = getattr(cand.optimizer, "auto", None)
-        if auto is not None:
-            predicted[cand.name] = 1e3 * auto.history[-1]["predicted_s"]  # the plan running last
+        if auto is not None:  # what auto predicted for the plan it runs last
+            predicted[cand.name] = 1e3 * auto.history[-1]["predicted_s"]
             verdict = (cand.name, auto.summary())
             continue
+        # The profile as it stands at the end of the run (latest half of the profiler's window):
+        # the one written when the profiling steps ended still holds warm-up iterations.
         policy = Policy(parse_candidate(cand.name)[0])
-        document = documents[cand.name]
-        if document.get("iterations", 0) < 3 and fallback is not None:
-            document = fallback
-        predicted[cand.name] = predict_ms(document, cand.optimizer.plan, policy)
+        predicted[cand.name] = predict_ms(cand.optimizer._cs_profile_document(), cand.optimizer.plan, policy)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 
