@@ -200,7 +200,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 param.grad = param.grad.to_dense()
             self._cs_delay[tensor_id] = remaining - 1
             if remaining == 1:
-                self._cs_engine.mark_ready(tensor_id, param.grad)
+                self._cs_engine.mark_ready(tensor_id, _dense_layout(param))
         return hook
 
     def _cs_note_compute_before_backward(self) -> None:
@@ -230,7 +230,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 param.grad = torch.zeros_like(param)
             elif param.grad.is_sparse:
                 param.grad = param.grad.to_dense()
-            engine.mark_ready(tensor_id, param.grad)
+            engine.mark_ready(tensor_id, _dense_layout(param))
 
     def _cs_end_iteration(self) -> None:
         self._cs_delay = [self.backward_passes_per_step] * len(self._cs_specs)
@@ -316,6 +316,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
         self.backward_passes_per_step = passes
         self._cs_delay = [passes] * len(self._cs_specs)
+
+
+def _dense_layout(param: torch.Tensor) -> torch.Tensor:
+    """The gradient in row-major layout (channels-last or transposed parameters get strided
+    gradients): the engine splits gradients into partitions of the flattened tensor and reduces
+    them in place, which needs one contiguous buffer. The optimizer accepts either layout."""
+    grad = param.grad
+    assert grad is not None
+    if not grad.is_contiguous():
+        param.grad = grad = grad.contiguous()
+    return grad
 
 
 # Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.

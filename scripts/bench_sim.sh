@@ -30,7 +30,7 @@ done
 {
   echo "# Simulator validation: predicted vs measured iteration time, 2 ranks"
   echo
-  echo "Command: \`RATES=\"$RATES\" scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run (the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is predicted by itself, as it decided; 28 warm-up steps per candidate cover its profiling steps, its 20-step check and its one re-plan."
+  echo "Command: \`RATES=\"$RATES\" scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run (the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); 28 warm-up steps per candidate cover its profiling steps, its 20-step check and its one re-plan."
   echo
   .venv/bin/python -m commsched.bench.validate "${results[@]}"
   for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done

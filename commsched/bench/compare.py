@@ -185,14 +185,15 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
     for cand in candidates:
         if not cand.profile_path:
             continue
-        auto = getattr(cand.optimizer, "auto", None)
-        if auto is not None:  # what auto predicted for the plan it runs last
-            predicted[cand.name] = 1e3 * auto.history[-1]["predicted_s"]
-            verdict = (cand.name, auto.summary())
-            continue
         # The profile as it stands at the end of the run (latest half of the profiler's window):
-        # the one written when the profiling steps ended still holds warm-up iterations.
+        # the one written when the profiling steps ended still holds warm-up iterations. `auto`
+        # is simulated like the others, with the policy it chose; what it predicted when it
+        # chose is reported beside its pick.
         policy = Policy(parse_candidate(cand.name)[0])
+        auto = getattr(cand.optimizer, "auto", None)
+        if auto is not None:
+            verdict = (cand.name, auto.summary())
+            policy = auto.chosen.policy
         predicted[cand.name] = predict_ms(cand.optimizer._cs_profile_document(), cand.optimizer.plan, policy)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
