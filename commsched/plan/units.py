@@ -75,13 +75,22 @@ def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Bloc
     which together equal its all-reduce, so training is unchanged while the profiler times all
     three collectives on this transport (on Gloo's CPU path a reduce-scatter costs about as
     much as an all-reduce, far from the textbook half)."""
+    plain = layerwise(specs, profile)
+    # Alternate by size, not by position: both fits need large and small samples (by position,
+    # a CNN's two large classifier tensors both became pairs and all-reduce fitted beta = 0).
+    by_size = sorted(range(len(plain)), key=lambda i: (-_block_numel(plain[i]), i))
+    decoupled = set(by_size[1::2])
     blocks: list[Block] = []
-    for i, block in enumerate(layerwise(specs, profile)):
+    for i, block in enumerate(plain):
         block_id = len(blocks)
-        if i % 2 == 0:
+        if i not in decoupled:
             blocks.append(Block(block_id, block.pieces, block.dtype))
             continue
         blocks.append(Block(block_id, block.pieces, block.dtype, Collective.REDUCE_SCATTER))
         blocks.append(Block(block_id + 1, block.pieces, block.dtype, Collective.ALL_GATHER,
                             source=block_id))
     return tuple(blocks)
+
+
+def _block_numel(block: Block) -> int:
+    return sum(p.numel for p in block.pieces)
