@@ -141,12 +141,10 @@ def stall_message(engine_id: str, per_rank: dict[int, dict], waited: float) -> s
         if iterations[rank] < newest:
             missing[rank] = [f"(still in iteration {iterations[rank]}, others in {newest})"]
             continue
-        others_ready = any(set(progress["not_ready"]) - set(p["not_ready"])
-                           for r, p in per_rank.items() if r != rank and iterations[r] == newest)
-        if others_ready:
-            ready_elsewhere = set().union(*(set(progress["not_ready"]) - set(p["not_ready"])
-                                            for r, p in per_rank.items()
-                                            if r != rank and iterations[r] == newest))
+        mine = set(progress["not_ready"])
+        ready_elsewhere = set().union(*(mine - set(p["not_ready"]) for r, p in per_rank.items()
+                                        if r != rank and iterations[r] == newest))
+        if ready_elsewhere:
             missing[rank] = sorted(ready_elsewhere)
     if not missing:
         return ""

@@ -59,7 +59,6 @@ class Profiler:
     # the end of the previous step() to the first ready gradient: forward, loss, start of
     # backward) and "step_s" (the optimizer's own update).
     compute_samples: dict[str, list[float]] = field(default_factory=dict)
-    last_first_ready_us: int = -1
 
     @property
     def collective_samples(self) -> list[tuple[int, float]]:
@@ -70,7 +69,6 @@ class Profiler:
         marked = [t for t in ready_us if t >= 0]
         if marked:
             first = min(marked)
-            self.last_first_ready_us = first
             self.ready_samples.append([(t - first) / 1e6 if t >= 0 else -1.0 for t in ready_us])
             _keep_last(self.ready_samples, KEEP_ITERATIONS)
         for position, (_block, nbytes, _ready, launch, done, service) in enumerate(block_timings):
@@ -121,9 +119,9 @@ def _median_or_none(values: list[float] | None) -> float | None:
     return statistics.median(values) if values else None
 
 
-def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]]) -> list[dict]:
-    """Inclusive forward time per module, and its own time: inclusive minus its children's."""
-    inclusive = {name: _median_or_none(module_times.get(name)) for name in module_order}
+def children_seconds(inclusive: dict[str, float | None]) -> dict[str, float]:
+    """Per module, the summed inclusive forward time of its direct children (a child's parent
+    is its longest name prefix that is itself listed; the root is "")."""
     children: dict[str, float] = {}
     for name, seconds in inclusive.items():
         if name and seconds is not None:
@@ -131,6 +129,13 @@ def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]
             while parent and parent not in inclusive:
                 parent = parent.rpartition(".")[0]
             children[parent] = children.get(parent, 0.0) + seconds
+    return children
+
+
+def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]]) -> list[dict]:
+    """Inclusive forward time per module, and its own time: inclusive minus its children's."""
+    inclusive = {name: _median_or_none(module_times.get(name)) for name in module_order}
+    children = children_seconds(inclusive)
     rows = []
     for i, name in enumerate(module_order):
         own = inclusive[name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..profiler import children_seconds
 from .profile import RunProfile
 
 
@@ -24,13 +25,7 @@ def module_self_times(run: RunProfile) -> tuple[tuple[tuple[str, float], ...], l
     then inclusive minus the children's (a child's parent is its longest listed name prefix),
     as the profiler computes it; a module with no time at all counts 0."""
     inclusive = {m.name: m.forward_time_s for m in run.modules}
-    children: dict[str, float] = {}
-    for name, seconds in inclusive.items():
-        if name and seconds is not None:
-            parent = name.rpartition(".")[0]
-            while parent and parent not in inclusive:
-                parent = parent.rpartition(".")[0]
-            children[parent] = children.get(parent, 0.0) + seconds
+    children = children_seconds(inclusive)
     rows, derived, unknown = [], 0, 0
     for m in run.modules:
         own = m.self_time_s
