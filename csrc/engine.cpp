@@ -54,11 +54,11 @@ void Engine::install_plan(std::vector<BlockSpec> blocks) {
   for (size_t pos = 0; pos < blocks.size(); ++pos) {
     const auto& block = blocks[pos];
     TORCH_CHECK(!block.pieces.empty(), "commsched: block ", block.block_id, " has no pieces");
-    if (block.op == Collective::kAllGather) {
-      TORCH_CHECK(block.source >= 0 && block.source < static_cast<int64_t>(pos) &&
+    if (block.op == Collective::kAllGather && block.source >= 0) {
+      TORCH_CHECK(block.source < static_cast<int64_t>(pos) &&
                       blocks[block.source].op == Collective::kReduceScatter,
                   "commsched: all-gather block ", block.block_id,
-                  " needs an earlier reduce-scatter block as its source");
+                  " names a source that is not an earlier reduce-scatter block");
     }
     for (const auto& piece : block.pieces) {
       TORCH_CHECK(piece.tensor_id >= 0 && piece.tensor_id < n, "commsched: block ",
@@ -185,8 +185,16 @@ void Engine::launch(int64_t position) {
       break;
     }
     case Collective::kAllGather:
-      input = source_shard(*block);
-      if (!input.defined()) return;  // failed or stopping while waiting
+      if (block->source < 0) {
+        // Standalone all-gather: every rank owns the rank-th of `world` equal slices of the
+        // packed block (K-FAC shares the inverses each rank computed this way).
+        const int64_t padded = FusionBuffer::padded(FusionBuffer::numel(*block), world);
+        const int64_t slice = padded / world;
+        input = FusionBuffer::pack(*block, grads, padded).narrow(0, transport_->rank() * slice, slice);
+      } else {
+        input = source_shard(*block);
+        if (!input.defined()) return;  // failed or stopping while waiting
+      }
       output = at::empty({input.numel() * world}, input.options());
       break;
   }

@@ -28,7 +28,8 @@ struct BlockSpec {
   // Forward-stage blocks are not launched by gradient readiness but when the caller releases
   // them (DeAR's all-gather, just ahead of the layer that needs it).
   bool released_by_caller = false;
-  // For an all-gather: plan position of the reduce-scatter whose shard it gathers; else -1.
+  // For an all-gather: plan position of the reduce-scatter whose shard it gathers. -1 on an
+  // all-gather means standalone: rank r contributes the r-th of world equal slices of the block.
   int64_t source = -1;
 };
 

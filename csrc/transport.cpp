@@ -50,6 +50,8 @@ std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, 
 
 int64_t ProcessGroupTransport::world_size() const { return group_->getSize(); }
 
+int64_t ProcessGroupTransport::rank() const { return group_->getRank(); }
+
 std::unique_ptr<PendingCollective> LocalTransport::launch(Collective op, at::Tensor& input,
                                                           at::Tensor& output) {
   if (op != Collective::kAllreduce) output.copy_(input);

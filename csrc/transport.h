@@ -29,6 +29,7 @@ class Transport {
   virtual std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
                                                     at::Tensor& output) = 0;
   virtual int64_t world_size() const = 0;
+  virtual int64_t rank() const = 0;
 };
 
 class ProcessGroupTransport : public Transport {
@@ -37,6 +38,7 @@ class ProcessGroupTransport : public Transport {
   std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
                                             at::Tensor& output) override;
   int64_t world_size() const override;
+  int64_t rank() const override;
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -48,6 +50,7 @@ class LocalTransport : public Transport {
   std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
                                             at::Tensor& output) override;
   int64_t world_size() const override { return 1; }
+  int64_t rank() const override { return 0; }
 };
 
 }  // namespace commsched

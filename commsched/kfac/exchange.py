@@ -1,0 +1,146 @@
+"""K-FAC's traffic on engines of its own: factor averaging and the sharing of decompositions.
+
+Factors are all-reduced as soon as the hooks hand them over, in blocks fused by the mgwfbp rule
+from the profiled factor-ready times (the first `profile_steps` factor updates run one block per
+factor to measure them). Decompositions computed on one rank reach the others by one standalone
+all-gather: rank r writes its results into the r-th equal slice of a shared buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..bootstrap import World
+from ..compression import Compression
+from ..config import Config, Policy
+from ..consistency import check_identical
+from ..engine import EngineHandle, dtype_name
+from ..plan import (
+    Block,
+    Collective,
+    Piece,
+    Plan,
+    Profile,
+    TensorSpec,
+    make_plan,
+    make_profiling_plan,
+)
+
+log = logging.getLogger("commsched")
+
+
+class FactorExchange:
+    """Averages one factor update across ranks. `names` is the expected ready order (A factors
+    in forward order, then G factors in backward order)."""
+
+    def __init__(self, world: World, names: list[str], numels: list[int], dtype: torch.dtype,
+                 cfg: Config, profile_steps: int) -> None:
+        self.world = world
+        self.cfg = cfg
+        self.profile_steps = profile_steps
+        self.index = {name: i for i, name in enumerate(names)}
+        # Empty profiles order tensors by descending forward_index: make that the ready order.
+        self.specs = [TensorSpec(i, name, numel, dtype_name(dtype), dtype.itemsize,
+                                 forward_index=len(names) - 1 - i)
+                      for i, (name, numel) in enumerate(zip(names, numels, strict=True))]
+        self.dtype = dtype
+        self.updates = 0
+        self.submitted: dict[str, torch.Tensor] = {}
+        self.engine = EngineHandle(world, self.specs, cfg.timeout) if world.size > 1 else None
+        if self.engine is not None:
+            first = (make_profiling_plan(self.specs, Profile()) if profile_steps > 0 else
+                     make_plan(Policy.MGWFBP, self.specs, Profile(),
+                               self.engine.profiler.net_model(cfg.alpha, cfg.beta), cfg))
+            self._install(first)
+
+    def _install(self, plan: Plan) -> None:
+        assert self.engine is not None
+        check_identical(self.world, "K-FAC factor plan fingerprints", [plan.policy, plan.fingerprint])
+        self.engine.install(plan, Compression.none, 1.0, 1.0 / self.world.size)
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.engine.plan if self.engine is not None else None
+
+    def submit(self, name: str, flat: torch.Tensor) -> None:
+        if name in self.submitted:
+            raise RuntimeError(f"commsched.kfac: factor {name} was computed twice in one step; "
+                               "K-FAC needs one forward and one backward pass per step (a module "
+                               "run twice per pass can go in skip_layers)")
+        self.submitted[name] = flat
+        if self.engine is not None:
+            self.engine.mark_ready(self.index[name], flat)
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """Waits for this update's averages. A factor this rank did not produce (its layer did
+        not run here) counts as zeros, as a missing gradient does in Horovod."""
+        for spec in self.specs:
+            if spec.name not in self.submitted:
+                self.submit(spec.name, torch.zeros(spec.numel, dtype=self.dtype))
+        averaged, self.submitted = self.submitted, {}
+        if self.engine is not None:
+            self.engine.wait()
+            self.updates += 1
+            if self.updates == self.profile_steps:
+                self._replan()
+        return averaged
+
+    def _replan(self) -> None:
+        assert self.engine is not None
+        profiler = self.engine.profiler
+        profile, net = self.world.broadcast_object(
+            (profiler.profile(), profiler.net_model(self.cfg.alpha, self.cfg.beta)))
+        plan = make_plan(Policy.MGWFBP, self.specs, profile, net, self.cfg)
+        log.info("commsched.kfac: factor plan %s: %d blocks for %d factors (alpha=%.3g s, "
+                 "beta=%.3g s/B)", plan.fingerprint, len(plan.blocks), len(self.specs), net.alpha,
+                 net.beta)
+        self._install(plan)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+class ResultExchange:
+    """Shares the decompositions each rank owns; `owned[r]` lists (name, numel) of rank r's."""
+
+    def __init__(self, world: World, owned: list[list[tuple[str, int]]], dtype: torch.dtype,
+                 cfg: Config) -> None:
+        self.world = world
+        self.dtype = dtype
+        self.slice = max([sum(n for _, n in names) for names in owned] + [1])
+        self.where: dict[str, tuple[int, int]] = {}
+        for rank, names in enumerate(owned):
+            offset = rank * self.slice
+            for name, numel in names:
+                self.where[name] = (offset, numel)
+                offset += numel
+        total = self.slice * world.size
+        self.engine = None
+        if world.size > 1 and self.where:
+            spec = TensorSpec(0, "kfac.decompositions", total, dtype_name(dtype), dtype.itemsize, 0)
+            self.engine = EngineHandle(world, [spec], cfg.timeout)
+            block = Block(0, (Piece(0, 0, total),), dtype_name(dtype), op=Collective.ALL_GATHER)
+            plan = Plan("kfac-decompositions", (block,))
+            check_identical(world, "K-FAC decomposition layout", [plan.fingerprint, self.slice])
+            self.engine.install(plan, Compression.none, 1.0, 1.0)
+
+    def share(self, mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every rank's results, from this rank's (name -> flat tensor)."""
+        if self.engine is None:
+            return dict(mine)
+        buffer = torch.zeros(self.slice * self.world.size, dtype=self.dtype)
+        for name, flat in mine.items():
+            offset, numel = self.where[name]
+            buffer[offset:offset + numel] = flat
+        self.engine.mark_ready(0, buffer)
+        self.engine.wait()
+        return {name: buffer[offset:offset + numel] for name, (offset, numel) in self.where.items()}
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,270 @@
+"""commsched.kfac.KFACPreconditioner: distributed K-FAC whose factor traffic runs on the engine.
+
+Use with commsched.DistributedOptimizer (docs/kfac.md):
+
+    loss.backward()
+    optimizer.synchronize()          # gradients averaged across ranks
+    preconditioner.step()            # gradients of Linear/Conv2d layers preconditioned in place
+    with optimizer.skip_synchronize():
+        optimizer.step()
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import bootstrap
+from ..config import load_config
+from . import factors as fx
+from .exchange import FactorExchange, ResultExchange
+from .placement import LOCAL, Placement, assign
+
+log = logging.getLogger("commsched")
+
+Schedule = float | Callable[[int], float]
+
+
+@dataclass
+class _Layer:
+    name: str
+    module: nn.Module
+    a: torch.Tensor | None = None  # running averages
+    g: torch.Tensor | None = None
+    decomposition: dict[str, torch.Tensor] = field(default_factory=dict)  # qa, da, qg, dg / a_inv, g_inv
+
+
+def _check_choice(enum_type: Any, value: Any, what: str) -> Any:
+    try:
+        return enum_type(value)
+    except ValueError:
+        known = ", ".join(repr(m.value) for m in enum_type)
+        raise ValueError(f"commsched.kfac: {what}={value!r} is not one of {known}") from None
+
+
+def _check_schedule(value: Any, what: str, low: float, high: float = math.inf,
+                    closed_high: bool = False) -> None:
+    if callable(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            low <= value < high or (closed_high and value == high)):
+        raise ValueError(f"commsched.kfac: {what} must be a number in [{low}, {high}"
+                         f"{']' if closed_high else ')'} or a callable of the step, got {value!r}")
+
+
+class KFACPreconditioner:
+    """Preconditions the gradients of `model`'s nn.Linear and nn.Conv2d layers; other layers are
+    left to the plain optimizer. Hyper-parameters may be callables of the step number."""
+
+    def __init__(self, model: nn.Module, *, factor_update_steps: int | Callable[[int], int] = 1,
+                 inv_update_steps: int | Callable[[int], int] = 10, damping: Schedule = 1e-3,
+                 factor_decay: Schedule = 0.95, kl_clip: Schedule | None = 1e-3,
+                 lr: Schedule = 0.1, compute_method: str = "eigen", placement: str = "lpt",
+                 local_threshold: int = 128, skip_layers: Iterable[str] = (),
+                 symmetric: bool = True, pipelined: bool = True,
+                 profile_steps: int | None = None) -> None:
+        _check_schedule(factor_update_steps, "factor_update_steps", 1)
+        _check_schedule(inv_update_steps, "inv_update_steps", 1)
+        _check_schedule(damping, "damping", 0.0)
+        _check_schedule(factor_decay, "factor_decay", 0.0, 1.0)
+        _check_schedule(lr, "lr", 0.0)
+        if kl_clip is not None:
+            _check_schedule(kl_clip, "kl_clip", 0.0)
+        if isinstance(local_threshold, bool) or not isinstance(local_threshold, int) \
+                or local_threshold < 0:
+            raise ValueError(f"commsched.kfac: local_threshold must be an integer >= 0, "
+                             f"got {local_threshold!r}")
+        self.method = _check_choice(fx.ComputeMethod, compute_method, "compute_method")
+        self.placement = _check_choice(Placement, placement, "placement")
+        self.factor_update_steps, self.inv_update_steps = factor_update_steps, inv_update_steps
+        self.damping, self.factor_decay, self.kl_clip, self.lr = damping, factor_decay, kl_clip, lr
+        self.symmetric, self.pipelined = symmetric, pipelined
+        self.steps = 0
+        self.last_scale = 1.0
+        self._held: dict[str, torch.Tensor] = {}  # unpipelined: factors kept until step()
+        skip = {s.lower() for s in skip_layers}
+        self.layers = [_Layer(name, m) for name, m in model.named_modules()
+                       if fx.supported(m) and name.lower() not in skip
+                       and type(m).__name__.lower() not in skip and fx.weight_of(m).requires_grad]
+        if not self.layers:
+            raise ValueError("commsched.kfac: the model has no nn.Linear or nn.Conv2d layer to "
+                             "precondition (after skip_layers)")
+        dtype = fx.weight_of(self.layers[0].module).dtype
+        self.world = bootstrap.init()
+        cfg = load_config()
+        steps = cfg.profile_steps if profile_steps is None else profile_steps
+        self.dims = {f"{lay.name}.A": fx.a_dim(lay.module) for lay in self.layers}
+        self.dims.update({f"{lay.name}.G": fx.g_dim(lay.module) for lay in self.layers})
+        order = [f"{lay.name}.A" for lay in self.layers] + [f"{lay.name}.G" for lay in reversed(self.layers)]
+        self.factors = FactorExchange(self.world, order, [self._factor_numel(n) for n in order],
+                                      dtype, cfg, steps)
+        layer_order = [(n, self.dims[n]) for lay in self.layers for n in (f"{lay.name}.A", f"{lay.name}.G")]
+        self.assignment = assign(layer_order, self.world.size, self.placement, local_threshold)
+        log.info("commsched.kfac: %s placement on rank %d: %s", self.placement.value,
+                 self.world.rank, self.assignment.describe())
+        owned = [[(n, self._result_numel(n)) for n in self.assignment.owned_by(r)]
+                 for r in range(self.world.size)]
+        self.results = ResultExchange(self.world, owned, dtype, cfg)
+        self._hooks = [lay.module.register_forward_hook(functools.partial(self._forward_hook, lay))
+                       for lay in self.layers]
+
+    # -- schedules -------------------------------------------------------------------------------
+
+    def _at(self, value: Any) -> Any:
+        return value(self.steps) if callable(value) else value
+
+    def _updating_factors(self) -> bool:
+        return self.steps % int(self._at(self.factor_update_steps)) == 0
+
+    def _factor_numel(self, name: str) -> int:
+        dim = self.dims[name]
+        return fx.upper_numel(dim) if self.symmetric else dim * dim
+
+    def _result_numel(self, name: str) -> int:
+        dim = self.dims[name]
+        if self.method is fx.ComputeMethod.EIGEN:
+            return dim * dim + dim
+        return self._factor_numel(name)
+
+    # -- hooks: factors leave for the engine as soon as they exist ---------------------------------
+
+    def _forward_hook(self, layer: _Layer, module: nn.Module, inputs: tuple, output: Any) -> None:
+        if not (module.training and torch.is_grad_enabled() and self._updating_factors()):
+            return
+        self._submit(f"{layer.name}.A", fx.a_factor(module, inputs[0]))
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(functools.partial(self._output_grad_hook, layer))
+
+    def _output_grad_hook(self, layer: _Layer, grad: torch.Tensor) -> None:
+        self._submit(f"{layer.name}.G", fx.g_factor(layer.module, grad))
+
+    def _submit(self, name: str, factor: torch.Tensor) -> None:
+        flat = fx.pack_upper(factor) if self.symmetric else factor.reshape(-1).contiguous()
+        if self.pipelined:
+            self.factors.submit(name, flat)
+        else:
+            self._held[name] = flat
+
+    # -- step ------------------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Averages this step's factors, refreshes the decompositions when due, and replaces the
+        gradients of the preconditioned layers by their K-FAC directions (KL-clipped)."""
+        if self._updating_factors() and (self.factors.submitted or self._held):
+            self._update_factors()
+        if self.steps % int(self._at(self.inv_update_steps)) == 0:
+            self._update_decompositions()
+        self._precondition()
+        self.steps += 1
+
+    def _update_factors(self) -> None:
+        if not self.pipelined:  # all factors handed over only now, for comparison
+            held, self._held = self._held, {}
+            for name in self.factors.index:
+                if name in held:
+                    self.factors.submit(name, held[name])
+        averaged = self.factors.finish()
+        decay = float(self._at(self.factor_decay))
+        for layer in self.layers:
+            for kind in ("a", "g"):
+                name = f"{layer.name}.{kind.upper()}"
+                new = self._unflatten(averaged[name], self.dims[name])
+                old = getattr(layer, kind)
+                setattr(layer, kind, new if old is None else decay * old + (1 - decay) * new)
+
+    def _unflatten(self, flat: torch.Tensor, dim: int) -> torch.Tensor:
+        return fx.unpack_upper(flat, dim) if self.symmetric else flat.reshape(dim, dim).clone()
+
+    def _decompose(self, name: str, factor: torch.Tensor, damping: float) -> torch.Tensor:
+        if self.method is fx.ComputeMethod.EIGEN:
+            vectors, values = fx.eigen(factor)
+            return torch.cat([vectors.reshape(-1), values])
+        inverse = fx.damped_inverse(factor, damping)
+        return fx.pack_upper(inverse) if self.symmetric else inverse.reshape(-1)
+
+    def _update_decompositions(self) -> None:
+        damping = float(self._at(self.damping))
+        factor_of = {}
+        for layer in self.layers:
+            if layer.a is None or layer.g is None:
+                raise RuntimeError("commsched.kfac: no factors yet: the first step must run a "
+                                   "forward and backward pass of the model in training mode")
+            factor_of[f"{layer.name}.A"], factor_of[f"{layer.name}.G"] = layer.a, layer.g
+        owner = self.assignment.owner
+        rank = self.world.rank
+        mine = {n: self._decompose(n, factor_of[n], damping) for n in factor_of if owner[n] == rank}
+        shared = self.results.share(mine)
+        for name in factor_of:
+            if owner[name] == LOCAL:
+                shared[name] = self._decompose(name, factor_of[name], damping)
+        for layer in self.layers:
+            for kind in ("a", "g"):
+                name = f"{layer.name}.{kind.upper()}"
+                self._store(layer, kind, shared[name], self.dims[name])
+
+    def _store(self, layer: _Layer, kind: str, flat: torch.Tensor, dim: int) -> None:
+        if self.method is fx.ComputeMethod.EIGEN:
+            layer.decomposition[f"q{kind}"] = flat[: dim * dim].reshape(dim, dim).clone()
+            layer.decomposition[f"d{kind}"] = flat[dim * dim:].clone()
+        else:
+            layer.decomposition[f"{kind}_inv"] = self._unflatten(flat, dim)
+
+    def _precondition(self) -> None:
+        damping = float(self._at(self.damping))
+        directions: list[tuple[_Layer, torch.Tensor]] = []
+        vg_sum = 0.0
+        for layer in self.layers:
+            grad = fx.gradient_matrix(layer.module)
+            if grad is None:
+                continue
+            d = layer.decomposition
+            if self.method is fx.ComputeMethod.EIGEN:
+                direction = fx.precondition_eigen(grad, d["qa"], d["da"], d["qg"], d["dg"], damping)
+            else:
+                direction = fx.precondition_inverse(grad, d["a_inv"], d["g_inv"])
+            vg_sum += float((direction * grad).sum()) * float(self._at(self.lr)) ** 2
+            directions.append((layer, direction))
+        scale = 1.0
+        kl_clip = self._at(self.kl_clip) if self.kl_clip is not None else None
+        if kl_clip and vg_sum != 0.0:
+            scale = min(1.0, math.sqrt(kl_clip / abs(vg_sum)))
+        for layer, direction in directions:
+            fx.write_gradient(layer.module, direction * scale)
+        self.last_scale = scale
+
+    # -- checkpoints and shutdown ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        layers = {lay.name: {"a": lay.a, "g": lay.g, **lay.decomposition} for lay in self.layers}
+        return {"steps": self.steps, "layers": layers, "compute_method": self.method.value,
+                "symmetric": self.symmetric}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("compute_method") != self.method.value:
+            raise ValueError(f"commsched.kfac: checkpoint holds compute_method="
+                             f"{state.get('compute_method')!r}, this preconditioner uses "
+                             f"{self.method.value!r}")
+        saved = state["layers"]
+        missing = [lay.name for lay in self.layers if lay.name not in saved]
+        if missing or len(saved) != len(self.layers):
+            raise ValueError(f"commsched.kfac: checkpoint layers {sorted(saved)} do not match the "
+                             f"preconditioned layers {[lay.name for lay in self.layers]}")
+        for layer in self.layers:
+            entry = dict(saved[layer.name])
+            layer.a, layer.g = entry.pop("a"), entry.pop("g")
+            layer.decomposition = {k: v.clone() for k, v in entry.items()}
+        self.steps = int(state["steps"])
+
+    def shutdown(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.factors.shutdown()
+        self.results.shutdown()

@@ -1,0 +1,86 @@
+"""Distributed K-FAC on Gloo ranks: 2 and 3 ranks, each with a slice of the batch, give the same
+parameters as one process training on the concatenated batch; the placement is identical on
+every rank and the factor plan is re-built by the mgwfbp rule after the profiling updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import distributed_test
+from torch import nn
+
+STEPS, PER_RANK = 6, 4
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(21)
+    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(6, 8, 3, bias=False), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 2 * 2, 24), nn.ReLU(), nn.Linear(24, 5)).double()
+
+
+def _batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randn(size, 3, 8, 8, generator=gen, dtype=torch.float64)
+    return x, torch.randint(0, 5, (size,), generator=gen)
+
+
+KWARGS = {
+    "pipelined-lpt-eigen": {"compute_method": "eigen", "placement": "lpt"},
+    "unpipelined-rr-inverse": {"compute_method": "inverse", "placement": "round_robin",
+                               "pipelined": False, "symmetric": False},
+}
+
+
+def _train(variant: str, world: int, rank: int, distributed: bool) -> dict:
+    import commsched
+    from commsched.kfac import KFACPreconditioner
+
+    torch.set_num_threads(1)
+    model = _model()
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    opt = (commsched.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                          policy="horovod") if distributed else base)
+    precond = KFACPreconditioner(model, inv_update_steps=2, damping=0.01, local_threshold=12,
+                                 profile_steps=2, **KWARGS[variant])
+    for step in range(STEPS):
+        x, y = _batch(step, PER_RANK * world)
+        if distributed:
+            x, y = x[rank * PER_RANK:(rank + 1) * PER_RANK], y[rank * PER_RANK:(rank + 1) * PER_RANK]
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        if distributed:
+            opt.synchronize()  # type: ignore[attr-defined]
+            precond.step()
+            with opt.skip_synchronize():  # type: ignore[attr-defined]
+                opt.step()
+        else:
+            precond.step()
+            opt.step()
+    plan = precond.factors.plan
+    out = {"params": [p.detach().clone() for p in model.parameters()],
+           "assignment": precond.assignment.describe(), "owner": dict(precond.assignment.owner),
+           "factor_plan": None if plan is None else (plan.policy, plan.fingerprint)}
+    precond.shutdown()
+    return out
+
+
+def _rank(variant: str, world: int) -> dict:
+    import commsched
+    return _train(variant, world, commsched.init().rank, True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_match_one_process_on_the_concatenated_batch(world: int) -> None:
+    for variant in KWARGS:
+        reference = _train(variant, world, 0, False)["params"]
+        results = distributed_test(_rank, world, timeout=120, args=(variant, world))
+        for rank in range(world):
+            for got, want in zip(results[rank]["params"], reference, strict=True):
+                assert torch.allclose(got, want, rtol=1e-7, atol=1e-9), \
+                    (variant, rank, float((got - want).abs().max()))
+        assert len({results[r]["assignment"] for r in range(world)}) == 1
+        owners = set(results[0]["owner"].values())
+        assert -1 in owners and len(owners - {-1}) == world  # some local, every rank owns some
+        plans = {results[r]["factor_plan"] for r in range(world)}
+        assert len(plans) == 1 and next(iter(plans))[0] == "mgwfbp"
