@@ -58,7 +58,7 @@ def _candidate(label: str, batch_size: int, method: str) -> tuple[Candidate, KFA
 
 def _rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
     world = commsched.init()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for cand in candidates:
         times = iteration_times(world.all_gather_object(cand.ends))
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(times),
