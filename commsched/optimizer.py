@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import _C, bootstrap
+from . import _C, bootstrap, checkpoint
 from .auto import AutoState
 from .block_optimizer import adopt_plain_attributes
 from .compression import Compression, Compressor, resolve
@@ -30,6 +30,7 @@ from .overlap import OverlapRunner
 from .params import make_specs, resolve_groups, resolve_names
 from .plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
 from .profiler import profile_document
+from .sparse import SparseExchange, sparse_parameter_ids, unrouted_sparse_error
 
 log = logging.getLogger("commsched")
 
@@ -64,6 +65,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_op = op
         self._cs_sparse_as_dense = sparse_as_dense
         self._cs_model = model
+        self._cs_base_cls = base_cls
         self._cs_should_synchronize = True
         self._cs_synchronized = False
         self._cs_iteration = 0
@@ -71,7 +73,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_waited_at_step_end = 0.0
         self._cs_first_hook_seen = False
         self.backward_passes_per_step = backward_passes_per_step
-        tracked = [(n, p) for n, p in named if p.requires_grad]
+        routed_ids = sparse_parameter_ids(model, sparse_as_dense)
+        routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
+        tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
         self._cs_params = [p for _, p in tracked]
         self._cs_specs = make_specs(tracked, group_of)
         self._cs_delay = [backward_passes_per_step] * len(self._cs_specs)
@@ -82,10 +86,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         settings = {**config.as_dict(), "timeline": None, "compression": compression.__name__,
                     "op": op.name, "backward_passes_per_step": backward_passes_per_step,
                     "gradient_predivide_factor": predivide,
-                    "groups": [s.group for s in self._cs_specs]}
+                    "groups": [s.group for s in self._cs_specs],
+                    "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed]}
         check_identical(world, "commsched settings", sorted(settings.items()))
+        self._cs_sparse = SparseExchange(world, routed, op, backward_passes_per_step)
         self._cs_engine = EngineHandle(world, self._cs_specs, config.timeout, config.timeline)
-        self._cs_engine.set_credit(config.credit_bytes)
+        self._cs_set_credit(config.credit_bytes)
+        self._cs_check_restored = False
         self._cs_runner = None
         if config.policy.overlaps_iterations:
             check_overlap_allowed(config.policy, model, base_cls)
@@ -102,6 +109,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._cs_runner.activate(first_plan)
         self._cs_hooks = [p.register_post_accumulate_grad_hook(self._cs_make_hook(tid))
                           for tid, p in enumerate(self._cs_params) if p.numel() > 0]
+        self._cs_hooks += [p.register_post_accumulate_grad_hook(self._cs_make_sparse_hook(i))
+                           for i, p in enumerate(self._cs_sparse.params)]
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -146,7 +155,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         chosen = self.auto.choose(document, self._cs_config, self._cs_runner is not None)
         self._cs_write_profile(document)
         self._cs_install(chosen.plan)
-        self._cs_engine.set_credit(int(chosen.knobs.get("credit_bytes", self._cs_config.credit_bytes)))
+        self._cs_set_credit(int(chosen.knobs.get("credit_bytes", self._cs_config.credit_bytes)))
         if self._cs_runner is not None:
             if chosen.policy.overlaps_iterations:
                 self._cs_runner.activate(chosen.plan)
@@ -169,7 +178,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _cs_install(self, plan: Plan) -> None:
         check_identical(self._cs_world, "plan fingerprints", [plan.policy, plan.fingerprint])
+        self._cs_install_local(plan)
+
+    def _cs_install_local(self, plan: Plan) -> None:
         self._cs_engine.install(plan, self._cs_compression, self._cs_prescale, self._cs_postscale)
+
+    def _cs_set_credit(self, nbytes: int) -> None:
+        self._cs_credit = nbytes  # kept for checkpoints: `auto` may have chosen another credit
+        self._cs_engine.set_credit(nbytes)
+
+    def _cs_settle(self) -> None:
+        """After load_state_dict() changed the plan or the position, every rank compares them
+        before the first collective of the next iteration (see commsched.checkpoint)."""
+        if self._cs_check_restored:
+            self._cs_check_restored = False
+            check_identical(self._cs_world, "plans restored by load_state_dict() (policy, "
+                            "fingerprint, iteration, re-plan iteration)",
+                            [self.plan.policy, self.plan.fingerprint, self._cs_iteration,
+                             self._cs_replan_at])
 
     @property
     def plan(self) -> Plan:
@@ -179,14 +205,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # -- gradient hooks -----------------------------------------------------------------------
 
+    def _cs_hook_prologue(self) -> None:
+        self._cs_settle()
+        if self._cs_runner is not None and self._cs_runner.open:
+            # No forward pass of `model` closed the previous iteration: do it now.
+            self._cs_runner.finish()
+        if not self._cs_first_hook_seen:
+            self._cs_first_hook_seen = True
+            self._cs_note_compute_before_backward()
+
     def _cs_make_hook(self, tensor_id: int):  # noqa: ANN202 - autograd hook
         def hook(param: torch.Tensor) -> None:
-            if self._cs_runner is not None and self._cs_runner.open:
-                # No forward pass of `model` closed the previous iteration: do it now.
-                self._cs_runner.finish()
-            if not self._cs_first_hook_seen:
-                self._cs_first_hook_seen = True
-                self._cs_note_compute_before_backward()
+            self._cs_hook_prologue()
             remaining = self._cs_delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(_TOO_MANY_BACKWARDS)
@@ -194,13 +224,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return
             if param.grad.is_sparse:
                 if not self._cs_sparse_as_dense:
-                    raise ValueError(
-                        f"commsched: parameter '{self._cs_specs[tensor_id].name}' has a sparse "
-                        "gradient; pass sparse_as_dense=True to DistributedOptimizer")
+                    raise unrouted_sparse_error(self._cs_specs[tensor_id].name,
+                                                self._cs_model is not None)
                 param.grad = param.grad.to_dense()
             self._cs_delay[tensor_id] = remaining - 1
             if remaining == 1:
                 self._cs_engine.mark_ready(tensor_id, _dense_layout(param))
+        return hook
+
+    def _cs_make_sparse_hook(self, index: int):  # noqa: ANN202 - autograd hook
+        def hook(param: torch.Tensor) -> None:
+            # The gradient stays in p.grad until the exchange at synchronize()/step().
+            self._cs_hook_prologue()
+            delay = self._cs_sparse.delay
+            if delay[index] <= 0:
+                raise AssertionError(_TOO_MANY_BACKWARDS)
+            if param.grad is not None:
+                delay[index] -= 1
         return hook
 
     def _cs_note_compute_before_backward(self) -> None:
@@ -216,7 +256,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def _cs_pending(self) -> bool:
-        return any(d != self.backward_passes_per_step for d in self._cs_delay)
+        passes = self.backward_passes_per_step
+        return any(d != passes for d in self._cs_delay) or self._cs_sparse.pending(passes)
 
     # -- Horovod's public surface ---------------------------------------------------------------
 
@@ -234,6 +275,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _cs_end_iteration(self) -> None:
         self._cs_delay = [self.backward_passes_per_step] * len(self._cs_specs)
+        self._cs_sparse.reset(self.backward_passes_per_step)
         self._cs_first_hook_seen = False
         self._cs_iteration += 1
         self._cs_engine.mark(f"iteration {self._cs_iteration}")
@@ -250,7 +292,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
         self.flush()
+        self._cs_settle()
         self._cs_launch_rest()
+        self._cs_sparse.exchange()  # while the engine's thread reduces the dense blocks
         self._cs_engine.wait()
         self._cs_end_iteration()
         self._cs_synchronized = True
@@ -276,8 +320,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"commsched: policy '{self._cs_config.policy.value}' defers the "
                                  "update to the next forward pass and cannot run a closure")
             runner.finish()
+            self._cs_settle()
             self._cs_launch_rest()
             runner.begin()
+            # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
+            self._cs_sparse.exchange()
+            self._cs_sparse.step_now(self._cs_base_cls, self)
             self._cs_end_iteration()
             self._cs_engine.profiler.note("step_s", runner.take_update_seconds())
             self._cs_mark_step_end()
@@ -299,12 +347,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_waited_at_step_end = self._cs_engine.waited_s
 
     def state_dict(self) -> dict[str, Any]:
+        """torch's state plus a ``commsched`` entry (plan, iteration, pending profiling), which
+        a plain torch optimizer ignores when it loads this."""
         self.flush()
-        return super().state_dict()
+        state = super().state_dict()
+        state[checkpoint.KEY] = checkpoint.capture(self)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Also restores the saved plan and position when ``state_dict`` has a ``commsched``
+        entry (call it on every rank, or on one rank followed by broadcast_optimizer_state)."""
         self.flush()
-        super().load_state_dict(state_dict)
+        entry = state_dict.get(checkpoint.KEY)
+        if entry is not None:
+            checkpoint.validate(self, entry)  # before torch's state changes
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.KEY})
+        if entry is not None and checkpoint.restore(self, entry):
+            self._cs_check_restored = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._cs_pending:
@@ -316,6 +375,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
         self.backward_passes_per_step = passes
         self._cs_delay = [passes] * len(self._cs_specs)
+        self._cs_sparse.reset(passes)
 
 
 def _dense_layout(param: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Checkpoint and resume: a run saved at step K (model and wrapped optimizer state) and resumed in
-a new job continues bit-identically to an uninterrupted run, for a synchronous and an overlap
-policy. Two ranks: a sum of two values does not depend on how blocks are fused, so the resumed
-job's fresh profiling steps cannot change a bit."""
+"""Checkpoint and resume: a run saved at step K (model and wrapped optimizer state, whose
+``commsched`` entry holds the plan) and resumed in a new job continues bit-identically to the
+same run going on uninterrupted, for a synchronous and an overlap policy on two ranks and for
+three ranks, where fusion boundaries change float sums: the resumed job must run the saved plan
+from its first step (no profiling steps, no re-plan), not whatever fresh timings would give."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from helpers import distributed_test
 from torch import nn
 
-K, M = 7, 6
+K, M = 4, 4
+PROFILE_STEPS = 2
 
 
 def _model() -> nn.Module:
@@ -18,37 +20,83 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 2))
 
 
-def _train(policy: str, steps: range, checkpoint_in: str = "", checkpoint_out: str = "") -> list:
+def _train(policy: str, path: str, resume: bool) -> dict:
+    """Uninterrupted: steps 0..K+M, saving at K. Resumed: loads, then steps K..K+M."""
     import commsched
 
     rank = commsched.init().rank
     model = _model()
     base = torch.optim.Adam(model.parameters(), lr=0.01)
     opt = commsched.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                         model=model, policy=policy, profile_steps=2)
-    if checkpoint_in:
-        state = torch.load(checkpoint_in.format(rank=rank), weights_only=True)
+                                         model=model, policy=policy, profile_steps=PROFILE_STEPS)
+    out: dict = {"plans": []}
+    if resume:
+        state = torch.load(path.format(rank=rank), weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-    for step in steps:
+        out["saved"] = state["optimizer"]["commsched"]["plan"]["fingerprint"]
+    for step in range(K if resume else 0, K + M):
+        if step == K and not resume:  # state_dict() flushes pending overlap updates first
+            state = {"optimizer": opt.state_dict(), "model": model.state_dict()}
+            torch.save(state, path.format(rank=rank))
+            out["saved"] = state["optimizer"]["commsched"]["plan"]["fingerprint"]
         gen = torch.Generator().manual_seed(100 * step + rank)
         opt.zero_grad()
         nn.functional.mse_loss(model(torch.randn(8, 10, generator=gen)),
                                torch.randn(8, 2, generator=gen)).backward()
+        out["plans"].append((opt.plan.policy, opt.plan.fingerprint))  # the plan this step ran
         opt.step()
-    if checkpoint_out:  # state_dict() flushes pending overlap updates first
-        torch.save({"optimizer": opt.state_dict(), "model": model.state_dict()},
-                   checkpoint_out.format(rank=rank))
     opt.flush()  # type: ignore[attr-defined]
-    return [p.detach().clone() for p in model.parameters()]
+    out["params"] = [p.detach().clone() for p in model.parameters()]
+    return out
 
 
-@pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
-def test_resumed_run_is_bit_identical(policy: str, tmp_path) -> None:
+@pytest.mark.parametrize(("policy", "ranks"), [("horovod", 2), ("bytescheduler", 2), ("prophet", 3)])
+def test_resumed_run_is_bit_identical(policy: str, ranks: int, tmp_path) -> None:
     path = str(tmp_path / "ckpt.rank{rank}.pt")
-    whole = distributed_test(_train, 2, timeout=90, args=(policy, range(K + M)))
-    distributed_test(_train, 2, timeout=90, args=(policy, range(K), "", path))
-    resumed = distributed_test(_train, 2, timeout=90, args=(policy, range(K, K + M), path))
-    for rank in (0, 1):
-        for a, b in zip(whole[rank], resumed[rank], strict=True):
+    whole = distributed_test(_train, ranks, timeout=120, args=(policy, path, False))
+    resumed = distributed_test(_train, ranks, timeout=120, args=(policy, path, True))
+    for rank in range(ranks):
+        saved = whole[rank]["saved"]
+        assert whole[rank]["plans"][K] == (policy, saved)
+        assert resumed[rank]["saved"] == saved
+        assert resumed[rank]["plans"] == [(policy, saved)] * M, "the resumed run re-profiled"
+        for a, b in zip(whole[rank]["params"], resumed[rank]["params"], strict=True):
             assert torch.equal(a, b), (policy, rank, float((a - b).abs().max()))
+
+
+def _broadcast_resume() -> dict:
+    """Horovod's idioms: broadcast_optimizer_state right after wrapping (the other ranks load
+    rank 0's entry, which changes nothing), and a resume where rank 0 alone loads the checkpoint
+    and broadcasts it (loading starts no collective; the ranks compare what they restored at the
+    next step)."""
+    import commsched
+
+    rank = commsched.init().rank
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters(), model=model,
+                                         policy="prophet", profile_steps=PROFILE_STEPS)
+    commsched.broadcast_optimizer_state(opt, root_rank=0)
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            opt.zero_grad()
+            model(torch.randn(8, 10)).square().mean().backward()
+            opt.step()
+
+    steps(K)
+    saved = opt.state_dict()
+    steps(2)
+    if rank == 0:
+        opt.load_state_dict(saved)
+    commsched.broadcast_optimizer_state(opt, root_rank=0)
+    restored = (opt._cs_iteration, opt.plan.fingerprint)
+    steps(2)
+    return {"restored": restored, "saved": saved["commsched"]["plan"]["fingerprint"],
+            "iteration": opt._cs_iteration}
+
+
+def test_rank0_load_then_broadcast_restores_every_rank() -> None:
+    for out in distributed_test(_broadcast_resume, 2, timeout=90).values():
+        assert out["restored"] == (K, out["saved"]) and out["iteration"] == K + 2, out

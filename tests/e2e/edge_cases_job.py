@@ -4,9 +4,11 @@ with the same settings, for every policy; writes each case's largest difference 
 One model holds them all: fp32, fp64 and fp16 layers (Horovod 0.28.1 rejects bf16 tensors:
 "Tensor type torch.BFloat16Tensor is not supported", so bf16 gradients have no Horovod twin); a channels-last convolution; a parameter
 stored transposed (non-contiguous gradient); a zero-element parameter; a branch used only on even
-steps; a layer frozen (requires_grad=False) for two steps; a sparse embedding reduced with
-sparse_as_dense=True; zero_grad alternating set_to_none True and False. A second model is wrapped
-in the same process and trained in turn with the first.
+steps; a layer frozen (requires_grad=False) for two steps; a sparse embedding; zero_grad
+alternating set_to_none True and False. A second model is wrapped in the same process and trained
+in turn with the first. The first model's embedding is reduced with sparse_as_dense=True, the
+second's without it: all-gathered as a sparse gradient (Horovod's sparse_allreduce_async), which
+the optimizer then applies with momentum 0 (that parameter group) to a sparse gradient.
 """
 
 from __future__ import annotations
@@ -78,9 +80,21 @@ def zero_grad(opt: torch.optim.Optimizer, model: nn.Module, set_to_none: bool) -
                 p.grad.detach_().zero_()
 
 
+def sgd(model: nn.Module, sparse_as_dense: bool) -> torch.optim.Optimizer:
+    if sparse_as_dense:
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # A sparse gradient goes to the optimizer: its parameter group takes plain SGD.
+    rest = [p for name, p in model.named_parameters() if not name.startswith("embed.")]
+    return torch.optim.SGD([{"params": [model.embed.weight], "momentum": 0.0}, {"params": rest}],
+                           lr=0.05, momentum=0.9)
+
+
+SPARSE_AS_DENSE = (True, False)  # per model
+
+
 def train(wrap, strided: bool) -> list[nn.Module]:  # noqa: ANN001 - a factory of wrappers
     models = [build(1, strided), build(2, strided)]  # two models, two wrappers, one process
-    opts = [wrap(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), m) for m in models]
+    opts = [wrap(sgd(m, dense), m, dense) for m, dense in zip(models, SPARSE_AS_DENSE, strict=True)]
     for step in range(STEPS):
         for model, opt in zip(models, opts, strict=True):
             model.frozen_later.requires_grad_(step not in (2, 3))
@@ -100,10 +114,10 @@ def train(wrap, strided: bool) -> list[nn.Module]:  # noqa: ANN001 - a factory o
 
 
 def compare(policy: str) -> dict:
-    expected = train(lambda opt, m: hvd.DistributedOptimizer(
-        opt, named_parameters=m.named_parameters(), sparse_as_dense=True), strided=False)
-    actual = train(lambda opt, m: commsched.DistributedOptimizer(
-        opt, named_parameters=m.named_parameters(), model=m, policy=policy, sparse_as_dense=True,
+    expected = train(lambda opt, m, dense: hvd.DistributedOptimizer(
+        opt, named_parameters=m.named_parameters(), sparse_as_dense=dense), strided=False)
+    actual = train(lambda opt, m, dense: commsched.DistributedOptimizer(
+        opt, named_parameters=m.named_parameters(), model=m, policy=policy, sparse_as_dense=dense,
         **KNOBS), strided=True)
     diffs = {}
     ok = True

@@ -40,7 +40,7 @@ def test_wrapped_is_still_the_users_optimizer_class(model) -> None:
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
-    assert set(opt.state_dict()) == {"state", "param_groups"}
+    assert set(opt.state_dict()) == {"state", "param_groups", "commsched"}
 
 
 def test_same_result_as_plain_optimizer(model) -> None:
