@@ -9,10 +9,12 @@ all-gather: rank r writes its results into the r-th equal slice of a shared buff
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
 from ..bootstrap import World
+from ..checkpoint import plan_from_dict, plan_to_dict
 from ..compression import Compression
 from ..config import Config, Policy
 from ..consistency import check_identical
@@ -47,6 +49,7 @@ class FactorExchange:
                       for i, (name, numel) in enumerate(zip(names, numels, strict=True))]
         self.dtype = dtype
         self.updates = 0
+        self.verify_plan = False
         self.submitted: dict[str, torch.Tensor] = {}
         self.engine = EngineHandle(world, self.specs, cfg.timeout) if world.size > 1 else None
         if self.engine is not None:
@@ -69,6 +72,10 @@ class FactorExchange:
             raise RuntimeError(f"commsched.kfac: factor {name} was computed twice in one step; "
                                "K-FAC needs one forward and one backward pass per step (a module "
                                "run twice per pass can go in skip_layers)")
+        if self.verify_plan and self.engine is not None and self.engine.plan is not None:
+            self.verify_plan = False
+            check_identical(self.world, "K-FAC factor plan fingerprints (restored)",
+                            [self.engine.plan.policy, self.engine.plan.fingerprint])
         self.submitted[name] = flat
         if self.engine is not None:
             self.engine.mark_ready(self.index[name], flat)
@@ -97,6 +104,27 @@ class FactorExchange:
                  "beta=%.3g s/B)", plan.fingerprint, len(plan.blocks), len(self.specs), net.alpha,
                  net.beta)
         self._install(plan)
+
+    def state(self) -> dict[str, Any]:
+        plan = self.plan
+        return {"updates": self.updates, "plan": None if plan is None else plan_to_dict(plan)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Re-installs a checkpoint's factor plan, so that a resumed run neither profiles again
+        nor fuses differently (with 3+ ranks, fusion boundaries change the float sums). Local, as
+        the wrapped optimizer's restore is: the cross-rank fingerprint check runs at the next
+        factor hand-over, before any factor collective (every rank loads its checkpoint)."""
+        self.updates = int(state["updates"])
+        if self.engine is None or state["plan"] is None:
+            return
+        plan = plan_from_dict(state["plan"])
+        known = {spec.tensor_id: spec.numel for spec in self.specs}
+        covered = [(p.tensor_id, p.offset + p.numel) for b in plan.blocks for p in b.pieces]
+        if any(t not in known or end > known[t] for t, end in covered):
+            raise ValueError("commsched.kfac: the checkpoint's factor plan does not fit this "
+                             "model's factors")
+        self.engine.install(plan, Compression.none, 1.0, 1.0 / self.world.size)
+        self.verify_plan = True
 
     def shutdown(self) -> None:
         if self.engine is not None:

@@ -244,7 +244,7 @@ class KFACPreconditioner:
     def state_dict(self) -> dict[str, Any]:
         layers = {lay.name: {"a": lay.a, "g": lay.g, **lay.decomposition} for lay in self.layers}
         return {"steps": self.steps, "layers": layers, "compute_method": self.method.value,
-                "symmetric": self.symmetric}
+                "symmetric": self.symmetric, "factor_exchange": self.factors.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("compute_method") != self.method.value:
@@ -261,6 +261,8 @@ class KFACPreconditioner:
             layer.a, layer.g = entry.pop("a"), entry.pop("g")
             layer.decomposition = {k: v.clone() for k, v in entry.items()}
         self.steps = int(state["steps"])
+        if "factor_exchange" in state:
+            self.factors.restore(state["factor_exchange"])
 
     def shutdown(self) -> None:
         for hook in self._hooks:
