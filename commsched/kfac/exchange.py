@@ -37,17 +37,18 @@ class FactorExchange:
     """Averages one factor update across ranks. `names` is the expected ready order (A factors
     in forward order, then G factors in backward order)."""
 
-    def __init__(self, world: World, names: list[str], numels: list[int], dtype: torch.dtype,
+    def __init__(self, world: World, names: list[str], numels: list[int], like: torch.Tensor,
                  cfg: Config, profile_steps: int) -> None:
         self.world = world
         self.cfg = cfg
         self.profile_steps = profile_steps
         self.index = {name: i for i, name in enumerate(names)}
+        dtype = like.dtype
+        self.like = like  # dtype and device of the factors
         # Empty profiles order tensors by descending forward_index: make that the ready order.
         self.specs = [TensorSpec(i, name, numel, dtype_name(dtype), dtype.itemsize,
                                  forward_index=len(names) - 1 - i)
                       for i, (name, numel) in enumerate(zip(names, numels, strict=True))]
-        self.dtype = dtype
         self.updates = 0
         self.verify_plan = False
         self.submitted: dict[str, torch.Tensor] = {}
@@ -85,7 +86,7 @@ class FactorExchange:
         not run here) counts as zeros, as a missing gradient does in Horovod."""
         for spec in self.specs:
             if spec.name not in self.submitted:
-                self.submit(spec.name, torch.zeros(spec.numel, dtype=self.dtype))
+                self.submit(spec.name, self.like.new_zeros(spec.numel))
         averaged, self.submitted = self.submitted, {}
         if self.engine is not None:
             self.engine.wait()
@@ -135,10 +136,11 @@ class FactorExchange:
 class ResultExchange:
     """Shares the decompositions each rank owns; `owned[r]` lists (name, numel) of rank r's."""
 
-    def __init__(self, world: World, owned: list[list[tuple[str, int]]], dtype: torch.dtype,
+    def __init__(self, world: World, owned: list[list[tuple[str, int]]], like: torch.Tensor,
                  cfg: Config) -> None:
         self.world = world
-        self.dtype = dtype
+        self.like = like  # dtype and device of the results
+        dtype = like.dtype
         self.slice = max([sum(n for _, n in names) for names in owned] + [1])
         self.where: dict[str, tuple[int, int]] = {}
         for rank, names in enumerate(owned):
@@ -160,7 +162,7 @@ class ResultExchange:
         """Every rank's results, from this rank's (name -> flat tensor)."""
         if self.engine is None:
             return dict(mine)
-        buffer = torch.zeros(self.slice * self.world.size, dtype=self.dtype)
+        buffer = self.like.new_zeros(self.slice * self.world.size)
         for name, flat in mine.items():
             offset, numel = self.where[name]
             buffer[offset:offset + numel] = flat

@@ -96,7 +96,12 @@ class KFACPreconditioner:
         if not self.layers:
             raise ValueError("commsched.kfac: the model has no nn.Linear or nn.Conv2d layer to "
                              "precondition (after skip_layers)")
-        dtype = fx.weight_of(self.layers[0].module).dtype
+        # Factors and decompositions in at least single precision (half-precision factors lose
+        # the small eigenvalues that damping is compared with), on the model's device.
+        weights = [fx.weight_of(lay.module) for lay in self.layers]
+        dtype = torch.float64 if any(w.dtype == torch.float64 for w in weights) else torch.float32
+        like = weights[0].new_zeros(0, dtype=dtype)
+        self.factor_dtype = dtype
         self.world = bootstrap.init()
         cfg = load_config()
         steps = cfg.profile_steps if profile_steps is None else profile_steps
@@ -104,14 +109,14 @@ class KFACPreconditioner:
         self.dims.update({f"{lay.name}.G": fx.g_dim(lay.module) for lay in self.layers})
         order = [f"{lay.name}.A" for lay in self.layers] + [f"{lay.name}.G" for lay in reversed(self.layers)]
         self.factors = FactorExchange(self.world, order, [self._factor_numel(n) for n in order],
-                                      dtype, cfg, steps)
+                                      like, cfg, steps)
         layer_order = [(n, self.dims[n]) for lay in self.layers for n in (f"{lay.name}.A", f"{lay.name}.G")]
         self.assignment = assign(layer_order, self.world.size, self.placement, local_threshold)
         log.info("commsched.kfac: %s placement on rank %d: %s", self.placement.value,
                  self.world.rank, self.assignment.describe())
         owned = [[(n, self._result_numel(n)) for n in self.assignment.owned_by(r)]
                  for r in range(self.world.size)]
-        self.results = ResultExchange(self.world, owned, dtype, cfg)
+        self.results = ResultExchange(self.world, owned, like, cfg)
         self._hooks = [lay.module.register_forward_hook(functools.partial(self._forward_hook, lay))
                        for lay in self.layers]
 
@@ -138,12 +143,12 @@ class KFACPreconditioner:
     def _forward_hook(self, layer: _Layer, module: nn.Module, inputs: tuple, output: Any) -> None:
         if not (module.training and torch.is_grad_enabled() and self._updating_factors()):
             return
-        self._submit(f"{layer.name}.A", fx.a_factor(module, inputs[0]))
+        self._submit(f"{layer.name}.A", fx.a_factor(module, inputs[0].to(self.factor_dtype)))
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(functools.partial(self._output_grad_hook, layer))
 
     def _output_grad_hook(self, layer: _Layer, grad: torch.Tensor) -> None:
-        self._submit(f"{layer.name}.G", fx.g_factor(layer.module, grad))
+        self._submit(f"{layer.name}.G", fx.g_factor(layer.module, grad.to(self.factor_dtype)))
 
     def _submit(self, name: str, factor: torch.Tensor) -> None:
         flat = fx.pack_upper(factor) if self.symmetric else factor.reshape(-1).contiguous()
@@ -224,6 +229,7 @@ class KFACPreconditioner:
             grad = fx.gradient_matrix(layer.module)
             if grad is None:
                 continue
+            grad = grad.to(self.factor_dtype)
             d = layer.decomposition
             if self.method is fx.ComputeMethod.EIGEN:
                 direction = fx.precondition_eigen(grad, d["qa"], d["da"], d["qg"], d["dg"], damping)

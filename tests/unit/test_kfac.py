@@ -222,3 +222,24 @@ def test_step_without_factors_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="no factors yet"):
         precond.step()
     precond.shutdown()
+
+
+def test_half_precision_layers_get_single_precision_factors() -> None:
+    """bf16 factors would lose the eigenvalues damping is compared with: factors are float32 and
+    the direction matches a float32 run of the same layer up to bf16 rounding of the gradient."""
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+    half = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).to(torch.bfloat16)
+    half.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
+    x = torch.randn(16, 4).to(torch.bfloat16)
+    directions = []
+    for net in (model, half):
+        precond = KFACPreconditioner(net, damping=DAMPING, kl_clip=None, local_threshold=0)
+        net(x.to(net[0].weight.dtype)).float().square().mean().backward()
+        precond.step()
+        assert precond.layers[0].a is not None and precond.layers[0].a.dtype == torch.float32
+        directions.append(net[0].weight.grad.float())
+        precond.shutdown()
+    assert directions[1].dtype == torch.float32 and half[0].weight.grad.dtype == torch.bfloat16
+    assert torch.allclose(directions[0], directions[1], rtol=0.05, atol=0.05 * float(directions[0].abs().max()))
