@@ -9,6 +9,7 @@ all-gather: rank r writes its results into the r-th equal slice of a shared buff
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,19 +33,25 @@ from ..plan import (
 
 log = logging.getLogger("commsched")
 
+SEEN = "kfac.seen"
+
 
 class FactorExchange:
     """Averages one factor update across ranks. `names` is the expected ready order (A factors
     in forward order, then G factors in backward order)."""
 
-    def __init__(self, world: World, names: list[str], numels: list[int], like: torch.Tensor,
-                 cfg: Config, profile_steps: int) -> None:
+    def __init__(self, world: World, names: list[str], numels: list[int],
+                 like: Callable[[], torch.Tensor], cfg: Config, profile_steps: int) -> None:
         self.world = world
         self.cfg = cfg
         self.profile_steps = profile_steps
+        dtype = like().dtype
+        self.like = like  # an empty tensor of the factors' dtype, on the model's present device
+        self.factor_names = list(names)
+        # The last tensor counts, per factor, the ranks that computed it this update: a layer
+        # that did not run on some rank must not be averaged with zeros.
+        names, numels = [*names, SEEN], [*numels, len(names)]
         self.index = {name: i for i, name in enumerate(names)}
-        dtype = like.dtype
-        self.like = like  # dtype and device of the factors
         # Empty profiles order tensors by descending forward_index: make that the ready order.
         self.specs = [TensorSpec(i, name, numel, dtype_name(dtype), dtype.itemsize,
                                  forward_index=len(names) - 1 - i)
@@ -69,10 +76,7 @@ class FactorExchange:
         return self.engine.plan if self.engine is not None else None
 
     def submit(self, name: str, flat: torch.Tensor) -> None:
-        if name in self.submitted:
-            raise RuntimeError(f"commsched.kfac: factor {name} was computed twice in one step; "
-                               "K-FAC needs one forward and one backward pass per step (a module "
-                               "run twice per pass can go in skip_layers)")
+        assert name not in self.submitted, f"factor {name} handed over twice in one update"
         if self.verify_plan and self.engine is not None and self.engine.plan is not None:
             self.verify_plan = False
             check_identical(self.world, "K-FAC factor plan fingerprints (restored)",
@@ -81,19 +85,24 @@ class FactorExchange:
         if self.engine is not None:
             self.engine.mark_ready(self.index[name], flat)
 
-    def finish(self) -> dict[str, torch.Tensor]:
-        """Waits for this update's averages. A factor this rank did not produce (its layer did
-        not run here) counts as zeros, as a missing gradient does in Horovod."""
-        for spec in self.specs:
+    def finish(self) -> dict[str, torch.Tensor | None]:
+        """Waits for this update's averages over the ranks that computed each factor; None for
+        a factor no rank computed. Collective: every rank calls it on every factor update, with
+        zeros for what it did not compute, so no rank waits for another's skipped update."""
+        seen = self.like().new_tensor([float(n in self.submitted) for n in self.factor_names])
+        for spec in self.specs[:-1]:
             if spec.name not in self.submitted:
-                self.submit(spec.name, self.like.new_zeros(spec.numel))
+                self.submit(spec.name, self.like().new_zeros(spec.numel))
+        self.submit(SEEN, seen)
         averaged, self.submitted = self.submitted, {}
         if self.engine is not None:
             self.engine.wait()
             self.updates += 1
             if self.updates == self.profile_steps:
                 self._replan()
-        return averaged
+        share = averaged.pop(SEEN)  # fraction of ranks that computed each factor
+        return {name: averaged[name] / float(share[i]) if float(share[i]) > 0 else None
+                for i, name in enumerate(self.factor_names)}
 
     def _replan(self) -> None:
         assert self.engine is not None
@@ -136,11 +145,11 @@ class FactorExchange:
 class ResultExchange:
     """Shares the decompositions each rank owns; `owned[r]` lists (name, numel) of rank r's."""
 
-    def __init__(self, world: World, owned: list[list[tuple[str, int]]], like: torch.Tensor,
-                 cfg: Config) -> None:
+    def __init__(self, world: World, owned: list[list[tuple[str, int]]],
+                 like: Callable[[], torch.Tensor], cfg: Config) -> None:
         self.world = world
-        self.like = like  # dtype and device of the results
-        dtype = like.dtype
+        self.like = like
+        dtype = like().dtype
         self.slice = max([sum(n for _, n in names) for names in owned] + [1])
         self.where: dict[str, tuple[int, int]] = {}
         for rank, names in enumerate(owned):
@@ -162,7 +171,7 @@ class ResultExchange:
         """Every rank's results, from this rank's (name -> flat tensor)."""
         if self.engine is None:
             return dict(mine)
-        buffer = self.like.new_zeros(self.slice * self.world.size)
+        buffer = self.like().new_zeros(self.slice * self.world.size)
         for name, flat in mine.items():
             offset, numel = self.where[name]
             buffer[offset:offset + numel] = flat

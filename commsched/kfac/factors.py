@@ -52,6 +52,8 @@ def _with_ones(rows: torch.Tensor, bias: bool) -> torch.Tensor:
 def input_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(module, nn.Conv2d):
         assert not isinstance(module.padding, str)  # supported() excludes 'same' / 'valid'
+        if x.dim() == 3:  # unbatched
+            x = x.unsqueeze(0)
         patches = functional.unfold(x, module.kernel_size, dilation=module.dilation,
                                     padding=module.padding, stride=module.stride)
         rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
@@ -61,7 +63,11 @@ def input_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def output_grad_rows(module: nn.Module, grad: torch.Tensor) -> torch.Tensor:
-    batch = grad.shape[0]
+    # The leading dimension is the batch (batch-first layouts); an unbatched input is one example.
+    unbatched = grad.dim() == (3 if isinstance(module, nn.Conv2d) else 1)
+    batch = 1 if unbatched else grad.shape[0]
+    if unbatched:
+        grad = grad.unsqueeze(0)
     if isinstance(module, nn.Conv2d):
         rows = grad.transpose(1, -1).reshape(-1, grad.shape[1])
     else:

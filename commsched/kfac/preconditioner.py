@@ -49,6 +49,14 @@ def _check_choice(enum_type: Any, value: Any, what: str) -> Any:
         raise ValueError(f"commsched.kfac: {what}={value!r} is not one of {known}") from None
 
 
+def _check_interval(value: Any, what: str) -> None:
+    if callable(value):
+        return  # checked when called
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"commsched.kfac: {what} must be an integer >= 1 or a callable of the "
+                         f"step, got {value!r}")
+
+
 def _check_schedule(value: Any, what: str, low: float, high: float = math.inf,
                     closed_high: bool = False) -> None:
     if callable(value):
@@ -69,9 +77,9 @@ class KFACPreconditioner:
                  lr: Schedule = 0.1, compute_method: str = "eigen", placement: str = "lpt",
                  local_threshold: int = 128, skip_layers: Iterable[str] = (),
                  symmetric: bool = True, pipelined: bool = True,
-                 profile_steps: int | None = None) -> None:
-        _check_schedule(factor_update_steps, "factor_update_steps", 1)
-        _check_schedule(inv_update_steps, "inv_update_steps", 1)
+                 profile_steps: int | None = None, grad_scaler: Any = None) -> None:
+        _check_interval(factor_update_steps, "factor_update_steps")
+        _check_interval(inv_update_steps, "inv_update_steps")
         _check_schedule(damping, "damping", 0.0)
         _check_schedule(factor_decay, "factor_decay", 0.0, 1.0)
         _check_schedule(lr, "lr", 0.0)
@@ -86,9 +94,11 @@ class KFACPreconditioner:
         self.factor_update_steps, self.inv_update_steps = factor_update_steps, inv_update_steps
         self.damping, self.factor_decay, self.kl_clip, self.lr = damping, factor_decay, kl_clip, lr
         self.symmetric, self.pipelined = symmetric, pipelined
+        self.grad_scaler = grad_scaler
         self.steps = 0
         self.last_scale = 1.0
         self._held: dict[str, torch.Tensor] = {}  # unpipelined: factors kept until step()
+        self._computed: set[str] = set()  # factors computed since the last step()
         skip = {s.lower() for s in skip_layers}
         self.layers = [_Layer(name, m) for name, m in model.named_modules()
                        if fx.supported(m) and name.lower() not in skip
@@ -100,8 +110,11 @@ class KFACPreconditioner:
         # the small eigenvalues that damping is compared with), on the model's device.
         weights = [fx.weight_of(lay.module) for lay in self.layers]
         dtype = torch.float64 if any(w.dtype == torch.float64 for w in weights) else torch.float32
-        like = weights[0].new_zeros(0, dtype=dtype)
         self.factor_dtype = dtype
+        first_weight = weights[0]
+
+        def like() -> torch.Tensor:  # read at use time: the model may move after construction
+            return first_weight.new_zeros(0, dtype=dtype)
         self.world = bootstrap.init()
         cfg = load_config()
         steps = cfg.profile_steps if profile_steps is None else profile_steps
@@ -125,8 +138,15 @@ class KFACPreconditioner:
     def _at(self, value: Any) -> Any:
         return value(self.steps) if callable(value) else value
 
+    def _interval(self, value: Any, what: str) -> int:
+        interval = self._at(value)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"commsched.kfac: {what} gave {interval!r} at step {self.steps}; "
+                             "it must be an integer >= 1")
+        return interval
+
     def _updating_factors(self) -> bool:
-        return self.steps % int(self._at(self.factor_update_steps)) == 0
+        return self.steps % self._interval(self.factor_update_steps, "factor_update_steps") == 0
 
     def _factor_numel(self, name: str) -> int:
         dim = self.dims[name]
@@ -143,14 +163,29 @@ class KFACPreconditioner:
     def _forward_hook(self, layer: _Layer, module: nn.Module, inputs: tuple, output: Any) -> None:
         if not (module.training and torch.is_grad_enabled() and self._updating_factors()):
             return
-        self._submit(f"{layer.name}.A", fx.a_factor(module, inputs[0].to(self.factor_dtype)))
+        name = f"{layer.name}.A"
+        if name not in self._computed:
+            x = inputs[0]
+            with torch.autocast(x.device.type, enabled=False):
+                self._submit(name, fx.a_factor(module, x.to(self.factor_dtype)))
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(functools.partial(self._output_grad_hook, layer))
 
     def _output_grad_hook(self, layer: _Layer, grad: torch.Tensor) -> None:
-        self._submit(f"{layer.name}.G", fx.g_factor(layer.module, grad.to(self.factor_dtype)))
+        name = f"{layer.name}.G"
+        if name in self._computed:
+            return
+        grad = grad.to(self.factor_dtype)
+        if self.grad_scaler is not None:  # G of the unscaled loss
+            scale = self.grad_scaler() if callable(self.grad_scaler) else self.grad_scaler.get_scale()
+            grad = grad / float(scale)
+        with torch.autocast(grad.device.type, enabled=False):
+            self._submit(name, fx.g_factor(layer.module, grad))
 
     def _submit(self, name: str, factor: torch.Tensor) -> None:
+        # A layer run twice in one step contributes its first input and the first output
+        # gradient to arrive (activation checkpointing recomputes the very same input).
+        self._computed.add(name)
         flat = fx.pack_upper(factor) if self.symmetric else factor.reshape(-1).contiguous()
         if self.pipelined:
             self.factors.submit(name, flat)
@@ -162,9 +197,9 @@ class KFACPreconditioner:
     def step(self) -> None:
         """Averages this step's factors, refreshes the decompositions when due, and replaces the
         gradients of the preconditioned layers by their K-FAC directions (KL-clipped)."""
-        if self._updating_factors() and (self.factors.submitted or self._held):
-            self._update_factors()
-        if self.steps % int(self._at(self.inv_update_steps)) == 0:
+        if self._updating_factors():
+            self._update_factors()  # collective: on every rank, whatever ran here
+        if self.steps % self._interval(self.inv_update_steps, "inv_update_steps") == 0:
             self._update_decompositions()
         self._precondition()
         self.steps += 1
@@ -175,12 +210,16 @@ class KFACPreconditioner:
             for name in self.factors.index:
                 if name in held:
                     self.factors.submit(name, held[name])
+        self._computed.clear()
         averaged = self.factors.finish()
         decay = float(self._at(self.factor_decay))
         for layer in self.layers:
             for kind in ("a", "g"):
                 name = f"{layer.name}.{kind.upper()}"
-                new = self._unflatten(averaged[name], self.dims[name])
+                flat = averaged[name]
+                if flat is None:  # no rank ran the layer: its running average stands
+                    continue
+                new = self._unflatten(flat, self.dims[name])
                 old = getattr(layer, kind)
                 setattr(layer, kind, new if old is None else decay * old + (1 - decay) * new)
 
@@ -196,11 +235,15 @@ class KFACPreconditioner:
 
     def _update_decompositions(self) -> None:
         damping = float(self._at(self.damping))
-        factor_of = {}
-        for layer in self.layers:
-            if layer.a is None or layer.g is None:
-                raise RuntimeError("commsched.kfac: no factors yet: the first step must run a "
-                                   "forward and backward pass of the model in training mode")
+        # Layers without both factors yet (none of their passes ran) keep their plain gradient;
+        # which layers those are is the same on every rank (factor averages are collective).
+        ready = [lay for lay in self.layers if lay.a is not None and lay.g is not None]
+        if not ready:
+            raise RuntimeError("commsched.kfac: no factors yet: the first step must run a "
+                               "forward and backward pass of the model in training mode")
+        factor_of: dict[str, torch.Tensor] = {}
+        for layer in ready:
+            assert layer.a is not None and layer.g is not None
             factor_of[f"{layer.name}.A"], factor_of[f"{layer.name}.G"] = layer.a, layer.g
         owner = self.assignment.owner
         rank = self.world.rank
@@ -209,7 +252,7 @@ class KFACPreconditioner:
         for name in factor_of:
             if owner[name] == LOCAL:
                 shared[name] = self._decompose(name, factor_of[name], damping)
-        for layer in self.layers:
+        for layer in ready:
             for kind in ("a", "g"):
                 name = f"{layer.name}.{kind.upper()}"
                 self._store(layer, kind, shared[name], self.dims[name])
@@ -227,7 +270,7 @@ class KFACPreconditioner:
         vg_sum = 0.0
         for layer in self.layers:
             grad = fx.gradient_matrix(layer.module)
-            if grad is None:
+            if grad is None or not layer.decomposition:
                 continue
             grad = grad.to(self.factor_dtype)
             d = layer.decomposition
@@ -263,9 +306,11 @@ class KFACPreconditioner:
             raise ValueError(f"commsched.kfac: checkpoint layers {sorted(saved)} do not match the "
                              f"preconditioned layers {[lay.name for lay in self.layers]}")
         for layer in self.layers:
-            entry = dict(saved[layer.name])
+            device = fx.weight_of(layer.module).device
+            entry = {k: None if v is None else v.to(device=device, dtype=self.factor_dtype, copy=True)
+                     for k, v in saved[layer.name].items()}
             layer.a, layer.g = entry.pop("a"), entry.pop("g")
-            layer.decomposition = {k: v.clone() for k, v in entry.items()}
+            layer.decomposition = {k: v for k, v in entry.items() if v is not None}
         self.steps = int(state["steps"])
         if "factor_exchange" in state:
             self.factors.restore(state["factor_exchange"])

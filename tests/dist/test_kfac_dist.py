@@ -26,9 +26,9 @@ def _batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 KWARGS = {
-    "pipelined-lpt-eigen": {"compute_method": "eigen", "placement": "lpt"},
+    "pipelined-lpt-eigen": {"compute_method": "eigen", "placement": "lpt", "symmetric": False},
     "unpipelined-rr-inverse": {"compute_method": "inverse", "placement": "round_robin",
-                               "pipelined": False, "symmetric": False},
+                               "pipelined": False},
 }
 
 
@@ -146,3 +146,49 @@ def test_kfac_checkpoint_resumes_bit_identically(world: int, tmp_path) -> None:
         assert resumed[rank]["factor_updates"] == whole[rank]["factor_updates"]  # no re-profiling
         for a, b in zip(whole[rank]["params"], resumed[rank]["params"], strict=True):
             assert torch.equal(a, b), (world, rank, float((a - b).abs().max()))
+
+
+def _skipping(decay: float) -> dict:
+    """Rank 1 does not run the head at step 1 and runs no K-FAC layer at all at step 2."""
+    import commsched
+    from commsched.kfac import KFACPreconditioner
+    from commsched.kfac import factors as fx
+
+    rank = commsched.init().rank
+    torch.manual_seed(1)
+    body, head = nn.Linear(4, 5).double(), nn.Linear(5, 3).double()
+    model = nn.ModuleDict({"body": body, "head": head})
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    precond = KFACPreconditioner(model, factor_decay=decay, local_threshold=0)
+    expected = None
+    for step in range(3):
+        x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10 * step + rank))
+        opt.zero_grad()
+        if step == 2 and rank == 1:
+            pass  # nothing runs here; synchronize() sends zeros for every gradient
+        elif step == 1 and rank == 1:
+            body(x).sum().backward()
+        else:
+            if step == 1:  # rank 0 alone computes the head's A factor this step
+                with torch.no_grad():
+                    own = fx.a_factor(head, body(x))
+                expected = decay * precond.layers[1].a + (1 - decay) * own
+            head(body(x)).square().sum().backward()
+        opt.synchronize()
+        precond.step()
+        if step == 1:
+            got = precond.layers[1].a.clone()
+        with opt.skip_synchronize():
+            opt.step()
+    out = {"head_a": got, "expected": expected, "params": [p.detach().clone() for p in model.parameters()]}
+    precond.shutdown()
+    return out
+
+
+def test_layers_skipped_on_some_ranks_average_over_the_ranks_that_ran_them() -> None:
+    results = distributed_test(_skipping, 2, timeout=90, args=(0.6,))
+    assert torch.allclose(results[0]["head_a"], results[0]["expected"], rtol=1e-12)
+    assert torch.equal(results[1]["head_a"], results[0]["head_a"])
+    for a, b in zip(results[0]["params"], results[1]["params"], strict=True):
+        assert torch.equal(a, b)

@@ -243,3 +243,110 @@ def test_half_precision_layers_get_single_precision_factors() -> None:
         precond.shutdown()
     assert directions[1].dtype == torch.float32 and half[0].weight.grad.dtype == torch.bfloat16
     assert torch.allclose(directions[0], directions[1], rtol=0.05, atol=0.05 * float(directions[0].abs().max()))
+
+
+def _solve(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    system = torch.kron(g, a) + DAMPING * torch.eye(g.shape[0] * a.shape[0], dtype=a.dtype)
+    return torch.linalg.solve(system, m.reshape(-1)).reshape(m.shape)
+
+
+def test_running_averages_and_update_intervals_match_reference() -> None:
+    """Three steps, factors every step with decay 0.7, decompositions at steps 0 and 2 only:
+    step 1 must use step 0's decomposition, step 2 the decayed averages."""
+    decay = 0.7
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, factor_decay=decay,
+                                 inv_update_steps=2, local_threshold=0)
+    layer = model[2]
+    running: tuple | None = None
+    decomposed = None
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step)
+        x = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+        model.zero_grad()
+        hidden = model[1](model[0](x))
+        hidden.retain_grad()
+        out = model[2](hidden)
+        out.retain_grad()
+        out.square().sum().div(6).backward()
+        rows_a = torch.cat([hidden.detach(), torch.ones(6, 1, dtype=torch.float64)], 1)
+        rows_g = out.grad * 6
+        new = (rows_a.t() @ rows_a / 6, rows_g.t() @ rows_g / 6)
+        running = new if running is None else tuple(decay * o + (1 - decay) * n
+                                                    for o, n in zip(running, new, strict=True))
+        if step % 2 == 0:
+            decomposed = running
+        m = fx.gradient_matrix(layer).clone()
+        precond.step()
+        assert decomposed is not None
+        assert torch.allclose(fx.gradient_matrix(layer), _solve(*decomposed, m), rtol=1e-8), step
+    precond.shutdown()
+
+
+def test_factors_leave_during_forward_and_backward_only_when_pipelined() -> None:
+    x, y = _data()
+    for pipelined in (True, False):
+        model = _model()
+        precond = KFACPreconditioner(model, pipelined=pipelined, local_threshold=0)
+        out = model(x)
+        a_names = {f"{lay.name}.A" for lay in precond.layers}
+        assert set(precond.factors.submitted) == (a_names if pipelined else set())
+        nn.functional.cross_entropy(out, y).backward()
+        assert len(precond.factors.submitted) == (2 * len(precond.layers) if pipelined else 0)
+        precond.step()
+        precond.shutdown()
+
+
+def test_layer_that_did_not_run_keeps_its_factors() -> None:
+    body, head = nn.Linear(3, 3).double(), nn.Linear(3, 2).double()
+    model = nn.ModuleDict({"body": body, "head": head})
+    precond = KFACPreconditioner(model, factor_decay=0.5, local_threshold=0)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    head(body(x)).sum().backward()
+    precond.step()
+    before = [t.clone() for t in (precond.layers[1].a, precond.layers[1].g)]
+    model.zero_grad()
+    body(x).sum().backward()  # the head does not run
+    precond.step()
+    assert torch.equal(precond.layers[1].a, before[0]) and torch.equal(precond.layers[1].g, before[1])
+    precond.shutdown()
+
+
+def test_autocast_checkpointing_and_grad_scaler() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    x = torch.randn(8, 4)
+    plain = KFACPreconditioner(model, kl_clip=None, local_threshold=0)
+    model(x).square().mean().backward()
+    plain.step()
+    reference = (plain.layers[1].a.clone(), plain.layers[1].g.clone(), model[2].weight.grad.clone())
+    plain.shutdown()
+
+    model.zero_grad()
+    again = KFACPreconditioner(model, kl_clip=None, local_threshold=0, grad_scaler=lambda: 512.0)
+    out = checkpoint(model, x, use_reentrant=False)  # recomputes every forward in backward
+    (out.square().mean() * 512).backward()
+    again.step()
+    assert torch.allclose(again.layers[1].a, reference[0]) and torch.allclose(again.layers[1].g, reference[1])
+    assert torch.allclose(model[2].weight.grad, reference[2] * 512, rtol=1e-4)
+    again.shutdown()
+
+    model.zero_grad()
+    mixed = KFACPreconditioner(model, local_threshold=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x).float().square().mean()
+    loss.backward()
+    mixed.step()
+    assert mixed.layers[0].a.dtype == torch.float32 and torch.isfinite(model[0].weight.grad).all()
+    mixed.shutdown()
+
+
+def test_interval_callables_are_checked_when_called() -> None:
+    precond = KFACPreconditioner(_model(), factor_update_steps=lambda step: 0)
+    with pytest.raises(ValueError, match="factor_update_steps gave 0 at step 0"):
+        precond.step()
+    precond.shutdown()
+    with pytest.raises(ValueError, match="inv_update_steps must be an integer"):
+        KFACPreconditioner(_model(), inv_update_steps=2.5)
