@@ -29,8 +29,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 
 step "python dependencies"
-if ! "$PY" -c "import numpy, yaml, pytest, hypothesis, matplotlib, ruff, psutil" 2>/dev/null; then
-  "${PIP[@]}" install numpy pyyaml pytest pytest-timeout hypothesis matplotlib ruff mypy psutil cloudpickle
+if ! "$PY" -c "import numpy, yaml, pytest, hypothesis, matplotlib, ruff, psutil, sklearn" 2>/dev/null; then
+  "${PIP[@]}" install numpy pyyaml pytest pytest-timeout hypothesis matplotlib ruff mypy psutil cloudpickle scikit-learn
 fi
 
 step "horovod 0.28.1 (PyTorch + Gloo)"
