@@ -54,6 +54,9 @@ void Engine::install_plan(std::vector<BlockSpec> blocks) {
   for (size_t pos = 0; pos < blocks.size(); ++pos) {
     const auto& block = blocks[pos];
     TORCH_CHECK(!block.pieces.empty(), "commsched: block ", block.block_id, " has no pieces");
+    TORCH_CHECK(block.source >= -1 && (block.source == -1 || block.op == Collective::kAllGather),
+                "commsched: block ", block.block_id, " has source ", block.source,
+                "; only an all-gather names a source (-1: none)");
     if (block.op == Collective::kAllGather && block.source >= 0) {
       TORCH_CHECK(block.source < static_cast<int64_t>(pos) &&
                       blocks[block.source].op == Collective::kReduceScatter,

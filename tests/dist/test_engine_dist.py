@@ -131,3 +131,34 @@ def test_reduce_scatter_all_gather_release_and_credit() -> None:
         assert out["w1"] == pytest.approx([mean] * 5)
         assert out["w2"] == pytest.approx([0.0, mean])
         assert "not a forward-stage block" in out["bad_release"]
+
+
+def _standalone_gather_job() -> dict:
+    """A standalone all-gather (no reduce-scatter source) over a 2-piece block of 7 elements on
+    3 ranks: padded to 9, rank r sends elements [3r, 3r+3) of the packed block."""
+    import commsched
+    from commsched import _C
+
+    world = commsched.init()
+    rank = world.rank
+    engine = _C.Engine(world.process_group, ["x", "y"], 20_000)
+    engine.install_plan([(0, _C.ALL_GATHER, "float32", 1.0, 1.0, [(0, 0, 4), (1, 0, 3)], False, -1)])
+    x = torch.full((4,), -1.0)
+    y = torch.full((3,), -1.0)
+    packed = torch.cat([x, y, torch.zeros(2)])
+    mine = slice(3 * rank, 3 * rank + 3)
+    packed[mine] = torch.arange(3.0) + 10 * rank
+    x.copy_(packed[:4])
+    y.copy_(packed[4:7])
+    engine.mark_ready(0, x)
+    engine.mark_ready(1, y)
+    engine.wait_all(20_000)
+    engine.shutdown()
+    return {"x": x.tolist(), "y": y.tolist()}
+
+
+def test_standalone_all_gather_gives_every_rank_every_slice() -> None:
+    results = distributed_test(_standalone_gather_job, world_size=3, timeout=90)
+    gathered = [float(i % 3 + 10 * (i // 3)) for i in range(9)]
+    for out in results.values():
+        assert out["x"] + out["y"] == gathered[:7]  # the padding never reaches the tensors
