@@ -77,12 +77,22 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _outcome(rows: list[dict[str, Any]]) -> str:
+    ratio = {r["name"]: r["vs_baseline"] for r in rows}
+    best = ratio["pipelined + lpt"]
+    return (f"Outcome: pipelined + fused + lpt is {best:.3f}x the unpipelined + round_robin "
+            f"iteration ({100 * (1 - best):.0f}% faster; target at least 10%: "
+            f"{'met' if best <= 0.9 else 'not met'}). Pipelining alone: "
+            f"{ratio['pipelined + round_robin']:.3f}x; lpt alone: {ratio['unpipelined + lpt']:.3f}x.")
+
+
 def _write(out: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "rows": rows}, handle, indent=1)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as handle:
-        handle.write(f"Command: `{meta['command']}`\n\n{meta['note']}\n\n{_table(rows)}\n")
+        handle.write(f"Command: `{meta['command']}`\n\n{meta['note']}\n\n{_table(rows)}\n\n"
+                     f"{_outcome(rows)}\n")
     import matplotlib
 
     matplotlib.use("Agg")

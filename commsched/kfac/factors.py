@@ -4,14 +4,17 @@ For a layer with weight W (out x in) and optional bias, the gradient is seen as 
 M = [dW | db] of shape out x (in + 1). K-FAC approximates the layer's Fisher block by A (x) G with
     A = a^T a / R,   a: the layer inputs as R rows (Conv2d: unfolded patches), a ones column
                      appended when there is a bias;
-    G = (N g)^T (N g) / R,   g: the gradient of the loss w.r.t. the layer output as R rows, N the
+    G = (N g)^T (N g) / N,   g: the gradient of the loss w.r.t. the layer output as R rows, N the
                      batch size (the loss is a mean over the batch, so N g is per example).
+A averages over positions and G sums over them, so that A (x) G has the scale of the Fisher
+block (Grosse & Martens' KFC for convolutions); for a Linear on 2-D input R = N.
 Averaging A and G over ranks with equal local batches gives the factors of the whole batch.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 
 import torch
 from torch import nn
@@ -52,8 +55,7 @@ def _with_ones(rows: torch.Tensor, bias: bool) -> torch.Tensor:
 def input_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(module, nn.Conv2d):
         assert not isinstance(module.padding, str)  # supported() excludes 'same' / 'valid'
-        if x.dim() == 3:  # unbatched
-            x = x.unsqueeze(0)
+        x = _batched(module, x)
         patches = functional.unfold(x, module.kernel_size, dilation=module.dilation,
                                     padding=module.padding, stride=module.stride)
         rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
@@ -62,29 +64,35 @@ def input_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return _with_ones(rows, bias_of(module) is not None)
 
 
+def _batched(module: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+    """The leading dimension is the batch (batch-first layouts); an unbatched input is one
+    example."""
+    unbatched = tensor.dim() == (3 if isinstance(module, nn.Conv2d) else 1)
+    return tensor.unsqueeze(0) if unbatched else tensor
+
+
 def output_grad_rows(module: nn.Module, grad: torch.Tensor) -> torch.Tensor:
-    # The leading dimension is the batch (batch-first layouts); an unbatched input is one example.
-    unbatched = grad.dim() == (3 if isinstance(module, nn.Conv2d) else 1)
-    batch = 1 if unbatched else grad.shape[0]
-    if unbatched:
-        grad = grad.unsqueeze(0)
+    grad = _batched(module, grad)
     if isinstance(module, nn.Conv2d):
         rows = grad.transpose(1, -1).reshape(-1, grad.shape[1])
     else:
         rows = grad.reshape(-1, grad.shape[-1])
-    return rows * batch
+    return rows * grad.shape[0]
 
 
-def covariance(rows: torch.Tensor) -> torch.Tensor:
-    return rows.t() @ rows / rows.shape[0]
+def covariance(rows: torch.Tensor, count: int) -> torch.Tensor:
+    return rows.t() @ rows / count
 
 
-def a_factor(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return covariance(input_rows(module, x.detach()))
+def a_factor(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """None for an empty batch (there is nothing to average)."""
+    rows = input_rows(module, x.detach())
+    return covariance(rows, rows.shape[0]) if rows.shape[0] else None
 
 
-def g_factor(module: nn.Module, grad: torch.Tensor) -> torch.Tensor:
-    return covariance(output_grad_rows(module, grad.detach()))
+def g_factor(module: nn.Module, grad: torch.Tensor) -> torch.Tensor | None:
+    batch = _batched(module, grad).shape[0]
+    return covariance(output_grad_rows(module, grad.detach()), batch) if batch else None
 
 
 def a_dim(module: nn.Module) -> int:
@@ -123,13 +131,19 @@ def upper_numel(dim: int) -> int:
     return dim * (dim + 1) // 2
 
 
+@functools.lru_cache(maxsize=256)
+def _upper_indices(dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = torch.triu_indices(dim, dim, device=device)
+    return rows, cols
+
+
 def pack_upper(matrix: torch.Tensor) -> torch.Tensor:
-    rows, cols = torch.triu_indices(matrix.shape[0], matrix.shape[0], device=matrix.device)
+    rows, cols = _upper_indices(matrix.shape[0], matrix.device)
     return matrix[rows, cols]
 
 
 def unpack_upper(values: torch.Tensor, dim: int) -> torch.Tensor:
-    rows, cols = torch.triu_indices(dim, dim, device=values.device)
+    rows, cols = _upper_indices(dim, values.device)
     matrix = values.new_zeros(dim, dim)
     matrix[rows, cols] = values
     matrix[cols, rows] = values

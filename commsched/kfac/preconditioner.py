@@ -116,6 +116,7 @@ class KFACPreconditioner:
         def like() -> torch.Tensor:  # read at use time: the model may move after construction
             return first_weight.new_zeros(0, dtype=dtype)
         self.world = bootstrap.init()
+        self._pack = symmetric and self.world.size > 1  # upper triangles only where they travel
         cfg = load_config()
         steps = cfg.profile_steps if profile_steps is None else profile_steps
         self.dims = {f"{lay.name}.A": fx.a_dim(lay.module) for lay in self.layers}
@@ -167,7 +168,9 @@ class KFACPreconditioner:
         if name not in self._computed:
             x = inputs[0]
             with torch.autocast(x.device.type, enabled=False):
-                self._submit(name, fx.a_factor(module, x.to(self.factor_dtype)))
+                factor = fx.a_factor(module, x.to(self.factor_dtype))
+            if factor is not None:
+                self._submit(name, factor)
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(functools.partial(self._output_grad_hook, layer))
 
@@ -180,13 +183,15 @@ class KFACPreconditioner:
             scale = self.grad_scaler() if callable(self.grad_scaler) else self.grad_scaler.get_scale()
             grad = grad / float(scale)
         with torch.autocast(grad.device.type, enabled=False):
-            self._submit(name, fx.g_factor(layer.module, grad))
+            factor = fx.g_factor(layer.module, grad)
+        if factor is not None:
+            self._submit(name, factor)
 
     def _submit(self, name: str, factor: torch.Tensor) -> None:
         # A layer run twice in one step contributes its first input and the first output
         # gradient to arrive (activation checkpointing recomputes the very same input).
         self._computed.add(name)
-        flat = fx.pack_upper(factor) if self.symmetric else factor.reshape(-1).contiguous()
+        flat = fx.pack_upper(factor) if self._pack else factor.reshape(-1).contiguous()
         if self.pipelined:
             self.factors.submit(name, flat)
         else:
@@ -224,14 +229,14 @@ class KFACPreconditioner:
                 setattr(layer, kind, new if old is None else decay * old + (1 - decay) * new)
 
     def _unflatten(self, flat: torch.Tensor, dim: int) -> torch.Tensor:
-        return fx.unpack_upper(flat, dim) if self.symmetric else flat.reshape(dim, dim).clone()
+        return fx.unpack_upper(flat, dim) if self._pack else flat.reshape(dim, dim).clone()
 
     def _decompose(self, name: str, factor: torch.Tensor, damping: float) -> torch.Tensor:
         if self.method is fx.ComputeMethod.EIGEN:
             vectors, values = fx.eigen(factor)
             return torch.cat([vectors.reshape(-1), values])
         inverse = fx.damped_inverse(factor, damping)
-        return fx.pack_upper(inverse) if self.symmetric else inverse.reshape(-1)
+        return fx.pack_upper(inverse) if self._pack else inverse.reshape(-1)
 
     def _update_decompositions(self) -> None:
         damping = float(self._at(self.damping))

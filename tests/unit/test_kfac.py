@@ -59,7 +59,7 @@ def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str) 
         if module.bias is not None:
             a_rows = torch.cat([a_rows, torch.ones(a_rows.shape[0], 1, dtype=a_rows.dtype)], 1)
         a = sum(torch.outer(r, r) for r in a_rows) / a_rows.shape[0]
-        g = sum(torch.outer(r, r) for r in g_rows) / g_rows.shape[0]
+        g = sum(torch.outer(r, r) for r in g_rows) / batch  # summed over positions (KFC)
         m = module.weight.grad.reshape(module.weight.shape[0], -1)
         if module.bias is not None:
             m = torch.cat([m, module.bias.grad.reshape(-1, 1)], 1)
@@ -350,3 +350,17 @@ def test_interval_callables_are_checked_when_called() -> None:
     precond.shutdown()
     with pytest.raises(ValueError, match="inv_update_steps must be an integer"):
         KFACPreconditioner(_model(), inv_update_steps=2.5)
+
+
+def test_upper_triangle_round_trip() -> None:
+    m = torch.randn(5, 5, dtype=torch.float64)
+    m = m + m.t()
+    packed = fx.pack_upper(m)
+    assert packed.numel() == fx.upper_numel(5) == 15
+    assert torch.equal(fx.unpack_upper(packed, 5), m)
+
+
+def test_empty_batch_computes_no_factor() -> None:
+    layer = nn.Linear(3, 2)
+    assert fx.a_factor(layer, torch.zeros(0, 3)) is None
+    assert fx.g_factor(layer, torch.zeros(0, 2)) is None
