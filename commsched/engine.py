@@ -128,9 +128,14 @@ class EngineHandle:
 
     def shutdown(self) -> None:
         self._engine.shutdown()
-        if self._group is not None and dist.is_initialized():
-            dist.destroy_process_group(self._group)
-            self._group = None
+        group, self._group = self._group, None
+        if group is not None and dist.is_initialized():
+            dist.destroy_process_group(group)
+        # Python's last reference goes first, so that the group is destroyed inside
+        # release_transport, without the GIL: Gloo's destructor joins its worker threads, and one
+        # may be waiting for the GIL to free a tensor (a deadlock seen at K-FAC's shutdown).
+        del group
+        self._engine.release_transport()
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
             self.timeline.close()

@@ -21,6 +21,7 @@ Engine::Engine(std::shared_ptr<Transport> transport, std::vector<std::string> te
       tensor_names_(std::move(tensor_names)),
       timeout_ms_(timeout_ms) {
   TORCH_CHECK(transport_, "commsched: Engine needs a transport");
+  world_size_ = transport_->world_size();
   TORCH_CHECK(timeout_ms_ > 0, "commsched: timeout must be positive, got ", timeout_ms_, " ms");
   const auto n = tensor_names_.size();
   tensor_blocks_.assign(n, {});
@@ -32,6 +33,11 @@ Engine::Engine(std::shared_ptr<Transport> transport, std::vector<std::string> te
 }
 
 Engine::~Engine() { shutdown(); }
+
+void Engine::release_transport() {
+  shutdown();
+  transport_.reset();
+}
 
 void Engine::shutdown() {
   if (stop_.exchange(true)) return;

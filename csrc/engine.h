@@ -60,7 +60,11 @@ class Engine {
   std::vector<BlockTiming> last_block_timings();
   Timeline& timeline() { return timeline_; }
   void shutdown();
-  int64_t world_size() const { return transport_->world_size(); }
+  // Stops the threads and drops the transport. Call without the GIL: the process group may be
+  // destroyed here, and Gloo's destructor joins worker threads that may need the GIL to free a
+  // tensor the last finished collective held.
+  void release_transport();
+  int64_t world_size() const { return world_size_; }
 
  private:
   struct InFlight {
@@ -86,6 +90,7 @@ class Engine {
   bool stopping() const { return stop_.load(); }
 
   std::shared_ptr<Transport> transport_;
+  int64_t world_size_ = 1;
   std::vector<std::string> tensor_names_;
   int64_t timeout_ms_;
   Timeline timeline_;

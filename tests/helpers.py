@@ -8,6 +8,7 @@ non-zero exit code, or raised, is reported with its traceback.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
@@ -31,7 +32,10 @@ def free_port() -> int:
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
-               env: dict[str, str], args: tuple, results: Any) -> None:
+               env: dict[str, str], args: tuple, results: Any, timeout: float) -> None:
+    # A rank still running just before the parent kills it prints every thread's stack, so a
+    # hang names the call it is stuck in.
+    faulthandler.dump_traceback_later(max(timeout - 3.0, 1.0), exit=False)
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -48,6 +52,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
         import commsched
 
         commsched.shutdown()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _describe_exit(code: int | None) -> str:
@@ -67,7 +72,7 @@ def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, dict(env or {}), args,
-                                                  results), daemon=True)
+                                                  results, timeout), daemon=True)
              for r in range(world_size)]
     for proc in procs:
         proc.start()
@@ -89,7 +94,10 @@ def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float
             proc.join(5)
     problems = []
     if hung:
-        problems.append(f"ranks {hung} hung: still running after {timeout:.0f} s, killed")
+        reported = [r for r in hung if r in outcomes]
+        problems.append(f"ranks {hung} hung: still running after {timeout:.0f} s, killed"
+                        + (f" (ranks {reported} had returned: the hang is in shutdown)"
+                           if reported else "") + "; their stacks are in the captured stderr")
     for rank, proc in enumerate(procs):
         if rank in may_die and rank not in outcomes:
             continue
