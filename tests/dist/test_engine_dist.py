@@ -162,3 +162,51 @@ def test_standalone_all_gather_gives_every_rank_every_slice() -> None:
     gathered = [float(i % 3 + 10 * (i // 3)) for i in range(9)]
     for out in results.values():
         assert out["x"] + out["y"] == gathered[:7]  # the padding never reaches the tensors
+
+
+def _gloo_threads() -> int:
+    import glob
+
+    names = []
+    for path in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                names.append(handle.read().strip())
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return sum(name == "pt_gloo_runloop" for name in names)
+
+
+def _shutdown_job() -> dict:
+    """EngineHandle.shutdown() destroys the engine's own Gloo group there and then (inside
+    release_transport, without the GIL), not later whenever Python frees the handle: a Gloo
+    worker that needs the GIL to free a tensor would otherwise deadlock with the thread that
+    destroys the group while holding it."""
+    import commsched
+    from commsched.engine import EngineHandle
+    from commsched.plan import TensorSpec
+
+    import torch
+
+    from commsched.compression import Compression
+    from commsched.plan import Block, Piece, Plan
+
+    world = commsched.init()
+    world.all_gather_object(0)  # the control group's threads exist before counting
+    before = _gloo_threads()
+    handle = EngineHandle(world, [TensorSpec(0, "t", 4, "float32", 4, 0)], 20.0)
+    handle.install(Plan("one", (Block(0, (Piece(0, 0, 4),), "float32"),)), Compression.none,
+                   1.0, 1.0)
+    handle.mark_ready(0, torch.ones(4))
+    handle.wait()  # one collective: the group's worker threads are running now
+    during = _gloo_threads()
+    handle.shutdown()
+    after = _gloo_threads()
+    return {"before": before, "during": during, "after": after}
+
+
+def test_engine_shutdown_destroys_its_group_at_once() -> None:
+    results = distributed_test(_shutdown_job, world_size=2, timeout=60)
+    for out in results.values():
+        assert out["during"] > out["before"]  # the engine's group has worker threads
+        assert out["after"] == out["before"], out
