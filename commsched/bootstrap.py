@@ -14,6 +14,7 @@ import enum
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +228,10 @@ def shutdown() -> None:
     if _world.liveness is not None:
         _world.liveness.stop()
     if _world.owns_process_group and dist.is_initialized():
+        # Destroying the groups joins Gloo's worker threads while this thread holds the GIL; a
+        # worker still freeing a tensor of the last collective may need the GIL for that. Let
+        # go of it briefly first (the engines' own groups are released without it).
+        time.sleep(0.05)
         dist.destroy_process_group()
     if _world.launcher is Launcher.HOROVOD:
         import horovod.torch as hvd
