@@ -159,8 +159,8 @@ def add_bound(rows: list[dict], comm_floor_ms: float) -> dict:
             "hvd_waiting_fraction": waiting}
 
 
-def summarise(candidates: list[Candidate]) -> list[dict]:
-    """Per candidate: the step time is the slowest rank's; report medians and ratios."""
+def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
+    """Per candidate: median, p10 and p90 of the slowest rank's iteration times (collective)."""
     world = commsched.init()
     rows: list[dict[str, Any]] = []
     for cand in candidates:
@@ -168,6 +168,12 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
                      "p10_ms": 1e3 * _quantile(slowest, 0.1), "p90_ms": 1e3 * _quantile(slowest, 0.9),
                      "samples": len(slowest)})
+    return rows
+
+
+def summarise(candidates: list[Candidate]) -> list[dict]:
+    """Per candidate: the step time is the slowest rank's; report medians and ratios."""
+    rows = timing_rows(candidates)
     by_name = {r["name"]: r["median_ms"] for r in rows}
     for row in rows:
         for base in ("hvd", "torch-ddp"):

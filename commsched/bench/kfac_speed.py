@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import sys
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 import commsched
 from commsched.kfac import KFACPreconditioner
 
-from .compare import Candidate, _quantile, iteration_times, run
+from .compare import Candidate, run, timing_rows
 from .models import ModelName, batch, build, loss_fn
 
 BASELINE = "unpipelined + round_robin"
@@ -57,13 +56,7 @@ def _candidate(label: str, batch_size: int, method: str) -> tuple[Candidate, KFA
 
 
 def _rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
-    world = commsched.init()
-    rows: list[dict[str, Any]] = []
-    for cand in candidates:
-        times = iteration_times(world.all_gather_object(cand.ends))
-        rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(times),
-                     "p10_ms": 1e3 * _quantile(times, 0.1), "p90_ms": 1e3 * _quantile(times, 0.9),
-                     "samples": len(times)})
+    rows = timing_rows(candidates)
     base = next(r["median_ms"] for r in rows if r["name"] == BASELINE)
     for row in rows:
         row["vs_baseline"] = row["median_ms"] / base

@@ -66,9 +66,11 @@ class FactorExchange:
                                self.engine.profiler.net_model(cfg.alpha, cfg.beta), cfg))
             self._install(first)
 
-    def _install(self, plan: Plan) -> None:
+    def _install(self, plan: Plan, check_now: bool = True) -> None:
         assert self.engine is not None
-        check_identical(self.world, "K-FAC factor plan fingerprints", [plan.policy, plan.fingerprint])
+        if check_now:
+            check_identical(self.world, "K-FAC factor plan fingerprints",
+                            [plan.policy, plan.fingerprint])
         self.engine.install(plan, Compression.none, 1.0, 1.0 / self.world.size)
 
     @property
@@ -133,7 +135,7 @@ class FactorExchange:
         if any(t not in known or end > known[t] for t, end in covered):
             raise ValueError("commsched.kfac: the checkpoint's factor plan does not fit this "
                              "model's factors")
-        self.engine.install(plan, Compression.none, 1.0, 1.0 / self.world.size)
+        self._install(plan, check_now=False)
         self.verify_plan = True
 
     def shutdown(self) -> None:

@@ -212,7 +212,7 @@ class KFACPreconditioner:
     def _update_factors(self) -> None:
         if not self.pipelined:  # all factors handed over only now, for comparison
             held, self._held = self._held, {}
-            for name in self.factors.index:
+            for name in self.factors.factor_names:  # in the plan's ready order
                 if name in held:
                     self.factors.submit(name, held[name])
         self._computed.clear()
