@@ -5,7 +5,14 @@
     opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 """
 
-from .bootstrap import (
+from .compression import Compression
+from .config import ConfigError, Policy, load_config
+from .ops import Adasum, Average, ReduceOp, Sum
+from .optimizer import DistributedOptimizer
+from .world import (
+    MismatchError,
+    RankFailureError,
+    StallWarning,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -16,13 +23,6 @@ from .bootstrap import (
     shutdown,
     size,
 )
-from .compression import Compression
-from .config import ConfigError, Policy, load_config
-from .consistency import MismatchError
-from .engine import RankFailureError
-from .liveness import StallWarning
-from .ops import Adasum, Average, ReduceOp, Sum
-from .optimizer import DistributedOptimizer
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         from .sim.cli import main as simulate_main
         return simulate_main(rest)
     if command == "report":
-        from .report import main as report_main
+        from .reporting.command import main as report_main
         return report_main(rest)
     print(f"commsched: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2

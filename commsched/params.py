@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from .engine import dtype_name
-from .plan import TensorSpec
+from .plan import TensorSpec, dtype_name
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

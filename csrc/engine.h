@@ -4,6 +4,14 @@
 //   completion thread: waits for each collective in launch order, unpacks, records timings
 // wait_all() blocks the caller (GIL released) until every block is done, or raises an error that
 // names the blocks and tensors that were not ready.
+//
+// Note [The order is the plan's]
+// c10d pairs collectives across ranks by the order they are issued in, so the engine thread
+// launches blocks strictly in plan position order: a block whose pieces are ready early waits
+// for every block before it, and a late gradient delays the rest but never reorders them. Every
+// rank runs the identical plan (Python compares fingerprints before install_plan), so the same
+// collectives are issued in the same order everywhere. Only pacing is dynamic: the credit bound
+// and the caller's release() of forward-stage blocks decide *when*, never *which next*.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -200,7 +200,7 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
         if auto is not None:
             verdict = (cand.name, auto.summary())
             policy = auto.chosen.policy
-        predicted[cand.name] = predict_ms(cand.optimizer._cs_profile_document(), cand.optimizer.plan, policy)
+        predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(), cand.optimizer.plan, policy)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 

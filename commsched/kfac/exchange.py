@@ -14,12 +14,8 @@ from typing import Any
 
 import torch
 
-from ..bootstrap import World
-from ..checkpoint import plan_from_dict, plan_to_dict
 from ..compression import Compression
 from ..config import Config, Policy
-from ..consistency import check_identical
-from ..engine import EngineHandle, dtype_name
 from ..plan import (
     Block,
     Collective,
@@ -27,9 +23,14 @@ from ..plan import (
     Plan,
     Profile,
     TensorSpec,
+    dtype_name,
     make_plan,
     make_profiling_plan,
+    plan_from_dict,
+    plan_to_dict,
 )
+from ..runtime.engine import EngineHandle
+from ..world import World, check_identical
 
 log = logging.getLogger("commsched")
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import bootstrap
+from .. import world
 from ..config import load_config
 from . import factors as fx
 from .exchange import FactorExchange, ResultExchange
@@ -115,7 +115,7 @@ class KFACPreconditioner:
 
         def like() -> torch.Tensor:  # read at use time: the model may move after construction
             return first_weight.new_zeros(0, dtype=dtype)
-        self.world = bootstrap.init()
+        self.world = world.init()
         self._pack = symmetric and self.world.size > 1  # upper triangles only where they travel
         cfg = load_config()
         steps = cfg.profile_steps if profile_steps is None else profile_steps

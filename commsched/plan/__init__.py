@@ -12,6 +12,7 @@ from .dear import plan_dear
 from .horovod import plan_horovod
 from .mgwfbp import plan_mgwfbp
 from .prophet import plan_prophet
+from .serialize import dtype_name, plan_from_dict, plan_to_dict
 from .types import Block, Collective, NetModel, Piece, Plan, Profile, Stage, TensorSpec
 from .units import layerwise, layerwise_decoupled
 
@@ -45,4 +46,5 @@ def make_profiling_plan(specs: list[TensorSpec], profile: Profile,
 
 
 __all__ = ["Block", "Collective", "NetModel", "Piece", "Plan", "Profile", "Stage", "TensorSpec",
-           "make_plan", "make_profiling_plan", "PROFILING_POLICY"]
+           "dtype_name", "make_plan", "make_profiling_plan", "plan_from_dict", "plan_to_dict",
+           "PROFILING_POLICY"]

@@ -20,7 +20,7 @@ from typing import Protocol
 from ..plan import Collective, NetModel
 from .profile import OP_NAMES
 
-# The profiler's own fallback cost model (commsched.profiler.DEFAULT_NET): used when a profile
+# The profiler's own fallback cost model (commsched.runtime.profiler.DEFAULT_NET): used when a profile
 # has no fitted all-reduce, e.g. the built-in profiles, which carry compute only.
 DEFAULT_ALLREDUCE = NetModel()
 

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..profiler import children_seconds
 from .profile import RunProfile
+
+
+def children_seconds(inclusive: dict[str, float | None]) -> dict[str, float]:
+    """Per module, the summed inclusive forward time of its direct children (a child's parent
+    is its longest name prefix that is itself listed; the root is "")."""
+    children: dict[str, float] = {}
+    for name, seconds in inclusive.items():
+        if name and seconds is not None:
+            parent = name.rpartition(".")[0]
+            while parent and parent not in inclusive:
+                parent = parent.rpartition(".")[0]
+            children[parent] = children.get(parent, 0.0) + seconds
+    return children
 
 
 @dataclass(frozen=True)

@@ -91,10 +91,10 @@ def _broadcast_resume() -> dict:
     if rank == 0:
         opt.load_state_dict(saved)
     commsched.broadcast_optimizer_state(opt, root_rank=0)
-    restored = (opt._cs_iteration, opt.plan.fingerprint)
+    restored = (opt.session.iteration, opt.plan.fingerprint)
     steps(2)
     return {"restored": restored, "saved": saved["commsched"]["plan"]["fingerprint"],
-            "iteration": opt._cs_iteration}
+            "iteration": opt.session.iteration}
 
 
 def test_rank0_load_then_broadcast_restores_every_rank() -> None:

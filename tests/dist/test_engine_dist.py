@@ -183,7 +183,7 @@ def _shutdown_job() -> dict:
     worker that needs the GIL to free a tensor would otherwise deadlock with the thread that
     destroys the group while holding it."""
     import commsched
-    from commsched.engine import EngineHandle
+    from commsched.runtime.engine import EngineHandle
     from commsched.plan import TensorSpec
 
     import torch

@@ -9,7 +9,7 @@ import os
 import pytest
 from helpers import distributed_test
 
-from commsched import report
+from commsched.reporting import analysis, command
 
 STEPS = 8
 POLICIES = {"horovod": {}, "bytescheduler": {"partition_bytes": 32 * 1024}}
@@ -54,7 +54,7 @@ def test_report_of_a_real_run(tmp_path) -> None:
     for policy in POLICIES:
         run_dir = tmp_path / policy
         out = run_dir / "report.json"
-        assert report.main([str(run_dir), "--link", "1gbit", "--json", str(out)]) == 0
+        assert command.main([str(run_dir), "--link", "1gbit", "--json", str(out)]) == 0
         doc = json.loads(out.read_text())
         assert doc["world_size"] == 2 and len(doc["ranks"]) == 2
         assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"

@@ -49,11 +49,7 @@ def _train(policy: str, sparse_as_dense: bool, rank: int) -> tuple[list[torch.Te
         else:
             opt.step()
     opt.flush()
-    opt._cs_engine.shutdown()
-    for hook in opt._cs_hooks:
-        hook.remove()
-    if opt._cs_runner is not None:
-        opt._cs_runner.remove()
+    opt.session.close()
     return [p.detach().clone() for p in model.parameters()], seen
 
 

@@ -71,7 +71,7 @@ def _train(policy: str, variant: str) -> list[torch.Tensor]:
         opt.zero_grad()
         model(_data(step, rank), rank % 2).square().mean().backward()
         opt.step()
-    opt._cs_engine.shutdown()
+    opt.session.close()
     return [p.detach() for p in model.parameters()]
 
 

@@ -105,11 +105,7 @@ def train(wrap, strided: bool) -> list[nn.Module]:  # noqa: ANN001 - a factory o
     for opt in opts:
         if hasattr(opt, "flush"):
             opt.flush()
-            opt._cs_engine.shutdown()
-            for hook in opt._cs_hooks:
-                hook.remove()
-            if opt._cs_runner is not None:
-                opt._cs_runner.remove()
+            opt.session.close()
     return models
 
 

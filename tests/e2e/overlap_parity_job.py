@@ -101,13 +101,10 @@ def compare(policy: str, kind: str, bpps: int) -> dict:
         lambda opt, model: commsched.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(), model=model, policy=policy,
             backward_passes_per_step=bpps, **KNOBS), kind, bpps)
-    overlapped = opt._cs_runner is not None and opt._cs_runner.active
+    overlapped = opt.session.defers_updates
     opt.flush()
     state_ok = len(opt.state_dict()["state"]) == len(list(actual.parameters()))
-    opt._cs_engine.shutdown()
-    for hook in opt._cs_hooks:
-        hook.remove()
-    opt._cs_runner.remove()
+    opt.session.close()
     diffs = {n: float((a - b).detach().abs().max()) for (n, a), (_, b) in
              zip(actual.named_parameters(), expected.named_parameters(), strict=True)}
     eval_diff = max(float((a - b).abs().max()) for a, b in zip(actual_evals, expected_evals, strict=True))

@@ -55,11 +55,9 @@ def train(wrap, kind: str, bpps: int) -> nn.Module:
             x, y = batch(step, micro)
             nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    engine = getattr(opt, "_cs_engine", None)
-    if engine is not None:
-        engine.shutdown()
-        for hook in opt._cs_hooks:
-            hook.remove()
+    session = getattr(opt, "session", None)
+    if session is not None:
+        session.close()
     return model
 
 

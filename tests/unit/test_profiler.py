@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from commsched.plan import NetModel
-from commsched.profiler import Profiler, fit_alpha_beta
+from commsched.runtime.profiler import Profiler, fit_alpha_beta
 
 
 def test_fit_recovers_alpha_beta() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from commsched import report
+from commsched.reporting import analysis, command
 
 # Rank 0 (times in us). Plan mark at 0, so by default only iteration 1 (start-up to the first
 # mark) is skipped; marks at 1000, 11000, 23000, 31000: iterations of 10, 12 and 8 ms, median 10.
@@ -74,7 +74,7 @@ def run_dir(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def run(run_dir: pathlib.Path, *extra: str) -> dict[str, Any]:
     out = run_dir / "out.json"
-    assert report.main([str(run_dir), "--json", str(out), *extra]) == 0
+    assert command.main([str(run_dir), "--json", str(out), *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -192,25 +192,25 @@ def test_errors_exit_2_with_one_line_naming_the_file(
         culprit.write_text("{")
     if setup == "missing":
         culprit = target
-    assert report.main([str(target)]) == 2
+    assert command.main([str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(culprit) in err[0] and problem in err[0], err
 
 
 def test_bad_options_exit_2(run_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir), "--link", "fast"]) == 2
+    assert command.main([str(run_dir), "--link", "fast"]) == 2
     assert "--link" in capsys.readouterr().err
-    assert report.main([str(run_dir), "--skip", "-1"]) == 2
-    assert report.main([]) == 2  # argparse: RUN_DIR is required
+    assert command.main([str(run_dir), "--skip", "-1"]) == 2
+    assert command.main([]) == 2  # argparse: RUN_DIR is required
     capsys.readouterr()
-    assert report.main([str(run_dir), "--json", str(run_dir / "no" / "out.json")]) == 2
+    assert command.main([str(run_dir), "--json", str(run_dir / "no" / "out.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(run_dir / "no" / "out.json") in err[0], err
 
 
 def test_interval_helpers() -> None:
-    assert report.merge([(5, 6), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 6)]
-    assert report.intersect([(0, 3), (5, 9)], [(2, 6), (8, 10)]) == [(2, 3), (5, 6), (8, 9)]
-    assert report.wire_bytes("allreduce", 100, 4) == pytest.approx(150)
-    assert report.wire_bytes("reduce_scatter", 25, 4) == pytest.approx(75)
-    assert report.wire_bytes("all_gather", 100, 4) == pytest.approx(75)
+    assert analysis.merge([(5, 6), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 6)]
+    assert analysis.intersect([(0, 3), (5, 9)], [(2, 6), (8, 10)]) == [(2, 3), (5, 6), (8, 9)]
+    assert analysis.wire_bytes("allreduce", 100, 4) == pytest.approx(150)
+    assert analysis.wire_bytes("reduce_scatter", 25, 4) == pytest.approx(75)
+    assert analysis.wire_bytes("all_gather", 100, 4) == pytest.approx(75)

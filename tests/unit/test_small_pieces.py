@@ -9,9 +9,9 @@ import torch
 
 from commsched import Compression, ReduceOp
 from commsched.compression import resolve
-from commsched.consistency import check_identical, digest, first_difference
 from commsched.ops import resolve_op
-from commsched.timeline import TimelineWriter, timeline_path
+from commsched.runtime.timeline import TimelineWriter, timeline_path
+from commsched.world.consistency import check_identical, digest, first_difference
 
 
 def test_first_difference() -> None:
@@ -21,7 +21,7 @@ def test_first_difference() -> None:
 
 
 def test_check_identical_single_rank_is_trivial() -> None:
-    from commsched.bootstrap import Launcher, World
+    from commsched.world.bootstrap import Launcher, World
 
     check_identical(World(0, 1, 0, Launcher.LONE, None, None, False, 1.0), "x", [1])
 

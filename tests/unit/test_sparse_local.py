@@ -30,7 +30,7 @@ def test_sparse_parameters_of_the_model_bypass_the_dense_plan(policy: str) -> No
                                          named_parameters=model.named_parameters(), model=model,
                                          policy=policy, profile_steps=1)
     plain = torch.optim.SGD(twin.parameters(), lr=0.1)
-    assert [s.name for s in opt._cs_specs] == ["1.weight", "1.bias"]
+    assert [s.name for s in opt.session.specs] == ["1.weight", "1.bias"]
     for step in range(3):
         tokens = torch.randint(0, 10, (4, 2), generator=torch.Generator().manual_seed(step))
         for m, o in ((model, opt), (twin, plain)):

@@ -1,4 +1,9 @@
-"""The user's optimizer restricted to a subset of its parameters.
+"""Updates applied later than ``step()``: the user's optimizer restricted to a subset of its
+parameters, with the hyper-parameters it had at ``step()``.
+
+Used by the overlap runner (each group's update in the next forward pass) and by the sparse
+route (sparse parameters updated at ``step()`` while the dense ones wait): one helper, so that
+both snapshot, cache and step the same way.
 
 Made with ``object.__new__`` and ``Optimizer.__init__`` rather than by copying the user
 optimizer's ``__dict__``: an LR scheduler patches ``step`` on the instance, and a copy of that
@@ -10,7 +15,7 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -82,7 +87,7 @@ def adopt_plain_attributes(target: torch.optim.Optimizer, source: torch.optim.Op
     caches) but no callables: an LR scheduler wraps ``step`` in a plain function stored on the
     instance, and a copy of that would step the source optimizer instead."""
     for key, value in vars(source).items():
-        if key.startswith("_cs_") or key in vars(target) or callable(value):
+        if key.startswith("_cs_") or key == "session" or key in vars(target) or callable(value):
             continue
         setattr(target, key, value)
 
@@ -103,3 +108,39 @@ def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Opt
             views.append(ParamGroupView(group, members, snapshots, index))
     sub.param_groups = list[dict[str, Any]](views)
     return sub
+
+
+class DeferredUpdates:
+    """Steps subsets of the user's parameters with the user's optimizer, later than step().
+
+    ``snapshot()`` at ``step()`` freezes the hyper-parameters the deferred updates will use; the
+    sub-optimizer for each subset is made once and cached (the subsets a plan uses are fixed).
+    """
+
+    def __init__(self, base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer) -> None:
+        self._base_cls = base_cls
+        self._user = user
+        self._snapshots = HyperParameterSnapshots(user)
+        self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
+
+    def snapshot(self) -> None:
+        self._snapshots.take()
+
+    def _optimizer_for(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
+        key = tuple(id(p) for p in params)
+        sub = self._subs.get(key)
+        if sub is None:
+            sub = block_optimizer(self._base_cls, self._user, list(params), self._snapshots)
+            self._subs[key] = sub
+        return sub
+
+    def apply(self, params: Sequence[torch.Tensor],
+              grads: Sequence[torch.Tensor] | None = None) -> None:
+        """Sets the gradients (if given), steps the subset, and clears its gradients so that
+        nothing is left for a second step or for the next backward to accumulate into."""
+        if grads is not None:
+            for param, grad in zip(params, grads, strict=True):
+                param.grad = grad
+        self._optimizer_for(params).step()
+        for param in params:
+            param.grad = None

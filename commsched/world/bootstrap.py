@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import load_config
+from ..config import load_config
+from . import registry
 
 log = logging.getLogger("commsched")
 
@@ -200,11 +201,10 @@ def _start_liveness(w: World) -> None:
         address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     if w.size == 1 or address is None:
         return
-    from .engine import live_engines
     from .liveness import Liveness
 
     w.liveness = Liveness(address[0], address[1], w.rank, w.size, load_config().stall_warning,
-                          live_engines)
+                          registry.participants)
 
 
 def world() -> World:
@@ -220,9 +220,7 @@ def is_initialized() -> bool:
 def shutdown() -> None:
     """Stops every engine and tears down the process group commsched created."""
     global _world
-    from .engine import shutdown_all_engines
-
-    shutdown_all_engines()
+    registry.shutdown_all()
     if _world is None:
         return
     if _world.liveness is not None:

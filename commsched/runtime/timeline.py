@@ -10,7 +10,7 @@ import json
 import os
 from typing import IO, Any
 
-from . import _C
+from .. import _C
 
 LANES = {0: "compute (gradient ready)", 1: "engine: pack + launch", 2: "completion: collective + unpack",
          3: "training thread: waits and updates"}

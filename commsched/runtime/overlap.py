@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import _C
-from .block_optimizer import HyperParameterSnapshots, block_optimizer
-from .plan import Collective, Plan, Stage
+from .. import _C
+from ..plan import Collective, Plan, Stage
+from .deferred import DeferredUpdates
 from .profiler import KEEP_ITERATIONS
 
 if TYPE_CHECKING:
@@ -57,10 +57,9 @@ class ModuleProfile:
 
 
 class OverlapRunner:
-    def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
-                 model: nn.Module, params: list[torch.Tensor], engine: EngineHandle) -> None:
-        self._optimizer = optimizer
-        self._base_cls = base_cls
+    def __init__(self, deferred: DeferredUpdates, model: nn.Module, params: list[torch.Tensor],
+                 engine: EngineHandle) -> None:
+        self._deferred = deferred
         self._engine = engine
         self._params = params
         self._tid = {id(p): i for i, p in enumerate(params)}
@@ -68,8 +67,6 @@ class OverlapRunner:
         self._named = dict(model.named_modules())
         self._owned = {name: [self._tid[id(p)] for p in m.parameters(recurse=False) if id(p) in self._tid]
                        for name, m in self._named.items()}
-        self._snapshots = HyperParameterSnapshots(optimizer)
-        self._sub_optimizers: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         self.active = False
         self.recording = True  # module order and times, while no overlap plan is active
         self._update_us = 0
@@ -126,6 +123,16 @@ class OverlapRunner:
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
         self.active = True
 
+    def restore(self, order: list[str], active: bool, recording: bool, plan: Plan) -> None:
+        """Puts the runner where a checkpoint left it. The forward order decides in which
+        module's pre-hook each update runs; without it an activated runner would apply every
+        update before the first layer (correct, but no overlap)."""
+        self.modules.order = list(order)
+        if active:
+            self.activate(plan)
+        self.active = active
+        self.recording = recording
+
     def take_update_seconds(self) -> float:
         """Time spent applying updates since the last call (the profiler's step_s)."""
         seconds, self._update_us = self._update_us / 1e6, 0
@@ -140,7 +147,7 @@ class OverlapRunner:
 
     def begin(self) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward."""
-        self._snapshots.take()
+        self._deferred.snapshot()
         for tid, p in enumerate(self._params):
             if tid in self._needs:
                 self._grads[tid] = p.grad  # type: ignore[assignment]
@@ -168,20 +175,10 @@ class OverlapRunner:
     def _apply(self, tids: list[int]) -> None:
         if not tids:
             return
-        key = tuple(tids)
-        sub = self._sub_optimizers.get(key)
-        if sub is None:
-            sub = block_optimizer(self._base_cls, self._optimizer,
-                                  [self._params[t] for t in tids], self._snapshots)
-            self._sub_optimizers[key] = sub
-        for t in tids:
-            self._params[t].grad = self._grads[t]
         started = _C.now_us()
-        sub.step()
+        self._deferred.apply([self._params[t] for t in tids], [self._grads[t] for t in tids])
         self._update_us += _C.now_us() - started
         self._engine.span("update", started, tensors=len(tids))
-        for t in tids:
-            self._params[t].grad = None
         self._pending.difference_update(tids)
 
     # -- module hooks -------------------------------------------------------------------------
@@ -219,3 +216,21 @@ class OverlapRunner:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+# Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.
+_UNSPLITTABLE = (torch.optim.LBFGS,)
+
+
+def overlap_possible(model: Any, base_cls: type) -> bool:
+    return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE)
+
+
+def check_overlap_allowed(policy_name: str, model: Any, base_cls: type) -> None:
+    if model is None or not isinstance(model, torch.nn.Module):
+        raise ValueError(f"commsched: policy '{policy_name}' applies each update in the next "
+                         "forward pass and needs the model: DistributedOptimizer(..., model=model)")
+    if issubclass(base_cls, _UNSPLITTABLE):
+        raise ValueError(f"commsched: {base_cls.__name__} needs all gradients at once and cannot "
+                         f"be split into per-block updates as policy '{policy_name}' does; use "
+                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous)")

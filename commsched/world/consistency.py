@@ -11,12 +11,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..plan import TensorSpec
 from .bootstrap import World
-from .plan import TensorSpec
-
-
-class MismatchError(RuntimeError):
-    """Ranks disagree on something that must be identical."""
+from .errors import MismatchError
 
 
 def digest(items: Any) -> str:

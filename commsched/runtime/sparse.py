@@ -26,10 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .block_optimizer import HyperParameterSnapshots, block_optimizer
-from .bootstrap import World
-from .engine import RankFailureError
-from .ops import ReduceOp
+from ..ops import ReduceOp
+from ..world import RankFailureError, World
+from .deferred import DeferredUpdates
 
 NEEDS_ROUTE = ("pass sparse_as_dense=True to DistributedOptimizer, or pass model=model so that "
                "commsched knows before training which parameters have sparse gradients "
@@ -79,8 +78,6 @@ class SparseExchange:
         # every rank compares), so group creation itself stays in step.
         self._group = world.new_data_group() if named and world.size > 1 else None
         self.delay = [passes] * len(named)
-        self._sub: torch.optim.Optimizer | None = None
-        self._snapshots: HyperParameterSnapshots | None = None
 
     def __len__(self) -> int:
         return len(self.params)
@@ -143,20 +140,10 @@ class SparseExchange:
 
     # -- overlap policies -----------------------------------------------------------------------
 
-    def step_now(self, base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer) -> None:
+    def step_now(self, deferred: DeferredUpdates) -> None:
         """Applies the routed parameters' update at once, with the user's optimizer restricted
         to them: the overlap policies defer only the dense blocks to the next forward pass."""
         params = [p for p in self.params if p.grad is not None]
-        if not params:
-            return
-        if self._snapshots is None:
-            self._snapshots = HyperParameterSnapshots(user)
-        self._snapshots.take()  # the hyper-parameters as they are at this step()
-        sub = self._sub
-        if sub is None or len(params) != len(self.params):
-            sub = block_optimizer(base_cls, user, params, self._snapshots)
-            if len(params) == len(self.params):
-                self._sub = sub
-        sub.step()
-        for p in params:  # as in the overlap runner: nothing is left for a second step
-            p.grad = None
+        if params:
+            deferred.snapshot()  # the hyper-parameters as they are at this step()
+            deferred.apply(params)

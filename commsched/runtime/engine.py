@@ -1,45 +1,35 @@
-"""Python side of the engine: turns a Plan into the engine's block tuples and keeps the timeline
-and profiler fed. The work itself happens in commsched._C on background threads."""
+"""Python side of the engine: hands a Plan to commsched._C and keeps the timeline and profiler
+fed. The work itself happens in commsched._C on background threads."""
 
 from __future__ import annotations
 
 import itertools
 import time
-import weakref
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from . import _C
-from .bootstrap import World
-from .compression import Compressor
-from .plan import Collective, Plan, Stage, TensorSpec
+from .. import _C
+from ..compression import Compressor
+from ..plan import Collective, Plan, Stage, TensorSpec, dtype_name
+from ..world import World, registry
+from ..world.errors import RankFailureError
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
-_live_engines: weakref.WeakSet[EngineHandle] = weakref.WeakSet()
 _engine_ids = itertools.count()
-
-
-class RankFailureError(RuntimeError):
-    """A collective failed or timed out; the message names the ranks that stopped responding
-    (from the heartbeats) and the blocks this rank was waiting for."""
-
-
-def live_engines() -> list[EngineHandle]:
-    return list(_live_engines)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class EngineHandle:
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
-                 timeline: str = "") -> None:
+                 timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
         self.specs = specs
         self.engine_id = next(_engine_ids)  # wrap order is the same on every rank
-        self.iteration = 0
+        # Rounds of wait(): one per iteration for K-FAC's exchanges. A session passes its own
+        # iteration counter instead, so that the heartbeats report the one the user sees.
+        self.rounds = 0
+        self._iteration = iteration or (lambda: self.rounds)
         self._world = world
         self._waiting_since: float | None = None
         self.waited_s = 0.0  # the training thread's total time blocked in engine waits
@@ -50,7 +40,7 @@ class EngineHandle:
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)
-        _live_engines.add(self)
+        registry.register(self)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
@@ -79,7 +69,7 @@ class EngineHandle:
     def progress(self) -> dict:
         """What the heartbeat publishes for the stall inspector (called from its thread)."""
         since = self._waiting_since
-        return {"iteration": self.iteration, "waiting_s": None if since is None else time.monotonic() - since,
+        return {"iteration": self._iteration(), "waiting_s": None if since is None else time.monotonic() - since,
                 "not_ready": [self.specs[t].name for t in self._engine.not_ready_tensors()]}
 
     def _guarded(self, call, *args):  # noqa: ANN001, ANN202
@@ -99,7 +89,7 @@ class EngineHandle:
         """Waits for every block of the iteration, then records it for the profiler."""
         started = _C.now_us()
         self._guarded(self._engine.wait_all, self.timeout_ms)
-        self.iteration += 1
+        self.rounds += 1
         self.span("wait", started, what="all blocks")
         ops = [b.op.name.lower() for b in self.plan.blocks] if self.plan else []
         self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings(), ops)
@@ -139,9 +129,5 @@ class EngineHandle:
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
             self.timeline.close()
-        _live_engines.discard(self)
+        registry.unregister(self)
 
-
-def shutdown_all_engines() -> None:
-    for handle in list(_live_engines):
-        handle.shutdown()

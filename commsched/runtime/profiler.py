@@ -6,7 +6,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .plan import NetModel, Profile, TensorSpec
+from ..plan import NetModel, Profile, TensorSpec
+from ..sim.timing import children_seconds
 
 DEFAULT_NET = NetModel()
 
@@ -117,19 +118,6 @@ PROFILE_SCHEMA_VERSION = 2
 
 def _median_or_none(values: list[float] | None) -> float | None:
     return statistics.median(values) if values else None
-
-
-def children_seconds(inclusive: dict[str, float | None]) -> dict[str, float]:
-    """Per module, the summed inclusive forward time of its direct children (a child's parent
-    is its longest name prefix that is itself listed; the root is "")."""
-    children: dict[str, float] = {}
-    for name, seconds in inclusive.items():
-        if name and seconds is not None:
-            parent = name.rpartition(".")[0]
-            while parent and parent not in inclusive:
-                parent = parent.rpartition(".")[0]
-            children[parent] = children.get(parent, 0.0) + seconds
-    return children
 
 
 def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]]) -> list[dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .report import COLLECTIVES, RankTrace, window
+from .analysis import COLLECTIVES, RankTrace, window
 
 # Lane rows, top to bottom, as the timeline numbers them (commsched/timeline.py LANES).
 ROWS = [(3, "training thread"), (2, "network"), (1, "engine"), (0, "compute")]

@@ -14,10 +14,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .config import Config
+from ..config import Config
 
 if TYPE_CHECKING:
-    from .sim import Ranked
+    from ..sim import Ranked
 
 log = logging.getLogger("commsched")
 
@@ -44,7 +44,7 @@ class AutoState:
         return self.choices[0] if self.choices else None
 
     def choose(self, document: dict, cfg: Config, overlap_allowed: bool) -> Ranked:
-        from .sim import FittedNetwork, profile_from_document, rank_candidates
+        from ..sim import FittedNetwork, profile_from_document, rank_candidates
 
         run = profile_from_document(document)
         ranked = rank_candidates(run, FittedNetwork.from_document(document), cfg, overlap_allowed)

@@ -1,0 +1,180 @@
+"""A session's plan over its life: profile, plan, install, re-plan, and `auto`'s choice.
+
+    wrap:         policy 'ddp': its static buckets until iteration 1, then rebuilt from the
+                  observed ready order; other policies with profile_steps > 0: one block per
+                  tensor (the profiling plan) until that many iterations ended; else the policy's
+                  plan from the default cost model at once
+    re-plan:      rank 0's profile (and fitted alpha, beta) is broadcast and every rank builds
+                  the same plan from it; `auto` simulates every candidate and takes the fastest
+    `auto` check: after auto.CHECK_STEPS measured iterations, re-plan once if off by > 20%
+
+Every install compares the plan's fingerprint across ranks before the engine gets it, so no
+rank can run a different plan (see Note [The order is the plan's] in csrc/engine.h).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from ..compression import Compressor
+from ..config import Config, Policy
+from ..plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
+from ..world import World, check_identical
+from .auto import AutoState
+from .engine import EngineHandle
+from .overlap import OverlapRunner
+from .profiler import profile_document
+
+log = logging.getLogger("commsched")
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How a block's bytes are written on the wire: compression and the pre/post factors
+    (Horovod's gradient_predivide_factor and Average)."""
+
+    compression: type[Compressor]
+    prescale: float
+    postscale: float
+
+
+class PlanLifecycle:
+    def __init__(self, world: World, config: Config, specs: list[TensorSpec],
+                 engine: EngineHandle, runner: OverlapRunner | None, scaling: Scaling) -> None:
+        self._world = world
+        self._config = config
+        self._specs = specs
+        self._engine = engine
+        self._runner = runner
+        self._scaling = scaling
+        self.auto: AutoState | None = AutoState() if config.policy is Policy.AUTO else None
+        self.credit = config.credit_bytes  # kept for checkpoints: `auto` may choose another
+        self.replan_at: int | None = None  # the iteration after which the policy's plan is built
+        self._restored = False
+        self._last_end: float | None = None
+        self.set_credit(config.credit_bytes)
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the engine runs now."""
+        assert self._engine.plan is not None
+        return self._engine.plan
+
+    def start(self) -> None:
+        """Installs the plan for the first iterations."""
+        self.replan_at, first = self._first_plan()
+        self.install(first)
+        if self.replan_at is None and self._runner is not None:
+            self._runner.activate(first)
+
+    def _first_plan(self) -> tuple[int | None, Plan]:
+        cfg = self._config
+        if cfg.policy is Policy.DDP:
+            return 1, make_plan(cfg.policy, self._specs, Profile(), NetModel(), cfg)
+        if cfg.profile_steps > 0:
+            return cfg.profile_steps, make_profiling_plan(self._specs, Profile(), cfg.policy)
+        if cfg.policy is Policy.AUTO:
+            raise ValueError("commsched: policy 'auto' chooses from a profile: "
+                             "COMMSCHED_PROFILE_STEPS (profile_steps) must be > 0")
+        # Nothing profiled yet: the profiler's default cost model with the configured overrides.
+        net = self._engine.profiler.net_model(cfg.alpha, cfg.beta)
+        return None, make_plan(cfg.policy, self._specs, Profile(), net, cfg)
+
+    # -- after each iteration ---------------------------------------------------------------
+
+    def iteration_ended(self, iteration: int) -> None:
+        """Feeds `auto`'s check and re-plans when the profiling steps are over."""
+        now = time.perf_counter()
+        if self.auto is not None and self._last_end is not None \
+                and self.auto.record(now - self._last_end):
+            measured = self._world.broadcast_object(self.auto.local_median())
+            if self.auto.conclude(measured):
+                self.replan()
+        self._last_end = time.perf_counter()
+        if iteration == self.replan_at:
+            self.replan()
+
+    def replan(self) -> None:
+        """Builds the policy's plan from rank 0's profile, identically on every rank."""
+        if self.auto is not None:
+            self._replan_auto()
+            return
+        cfg, profiler = self._config, self._engine.profiler
+        profile, net = self._world.broadcast_object(
+            (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta)))
+        plan = make_plan(cfg.policy, self._specs, profile, net, cfg)
+        self.write_profile()
+        log.info("commsched: rank %d installs %s plan %s: %d blocks (alpha=%.3g s, beta=%.3g s/B)",
+                 self._world.rank, plan.policy, plan.fingerprint, len(plan.blocks), net.alpha,
+                 net.beta)
+        self.install(plan)
+        if self._runner is not None:
+            self._runner.activate(plan)
+
+    def _replan_auto(self) -> None:
+        """Simulates every valid plan on rank 0's profile and installs the fastest."""
+        assert self.auto is not None
+        if self._runner is not None and self._runner.open:
+            self._runner.finish()  # the engine must be idle before its plan changes
+        document = self._world.broadcast_object(self.profile_document())
+        chosen = self.auto.choose(document, self._config, self._runner is not None)
+        self.write_profile(document)
+        self.install(chosen.plan)
+        self.set_credit(int(chosen.knobs.get("credit_bytes", self._config.credit_bytes)))
+        if self._runner is not None:
+            if chosen.policy.overlaps_iterations:
+                self._runner.activate(chosen.plan)
+            else:
+                self._runner.deactivate()
+
+    # -- profile ------------------------------------------------------------------------------
+
+    def profile_document(self) -> dict:
+        """This rank's profile as the JSON document of docs/profile.md."""
+        runner = self._runner
+        modules = runner.modules if runner else None
+        return profile_document(self._specs, self._engine.profiler, self._world.size,
+                                modules.order if modules else [], modules.times if modules else {},
+                                runner.first_users() if runner else None)
+
+    def write_profile(self, document: dict | None = None) -> None:
+        path = self._config.profile
+        if not path or self._world.rank != 0:
+            return
+        doc = document if document is not None else self.profile_document()
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=1)
+
+    # -- installing ---------------------------------------------------------------------------
+
+    def install(self, plan: Plan) -> None:
+        check_identical(self._world, "plan fingerprints", [plan.policy, plan.fingerprint])
+        self.install_local(plan)
+
+    def install_local(self, plan: Plan) -> None:
+        scaling = self._scaling
+        self._engine.install(plan, scaling.compression, scaling.prescale, scaling.postscale)
+
+    def set_credit(self, nbytes: int) -> None:
+        self.credit = nbytes
+        self._engine.set_credit(nbytes)
+
+    def restored(self, plan: Plan, replan_at: int | None, credit: int, compare: bool) -> None:
+        """A checkpoint's plan, installed on this rank alone; with `compare`, the ranks compare
+        what they restored at the next `settle`."""
+        self.install_local(plan)
+        self.set_credit(credit)
+        self.replan_at = replan_at
+        self._restored = self._restored or compare
+
+    def settle(self, iteration: int) -> None:
+        """After load_state_dict() changed the plan or the position, every rank compares them
+        before the first collective of the next iteration (see commsched.runtime.checkpoint)."""
+        if self._restored:
+            self._restored = False
+            check_identical(self._world, "plans restored by load_state_dict() (policy, "
+                            "fingerprint, iteration, re-plan iteration)",
+                            [self.plan.policy, self.plan.fingerprint, iteration, self.replan_at])

@@ -1,0 +1,261 @@
+"""One wrapped optimizer's run: its engine, its plan over time, the overlap runner, the sparse
+route and the timing the profiler needs, with one iteration counter.
+
+What happens to one gradient (read top to bottom):
+    backward:  the parameter's post-accumulate-grad hook calls `_on_gradient`: after the
+               last of backward_passes_per_step passes, the gradient goes to the engine, which
+               reduces it in place in ``p.grad`` when its block's turn comes (csrc/engine.h)
+    step():    synchronous plans: `synchronize` launches what was not produced (as zeros),
+               waits for every block, and the user's optimizer steps as usual;
+               overlap plans: `step_deferred` launches the rest and returns; the runner takes
+               the gradients out of ``p.grad`` (the engine still writes them) and applies each
+               group's update in the next forward pass (commsched.runtime.overlap)
+DistributedOptimizer keeps Horovod's surface and delegates everything else here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import _C
+from .. import world as world_module
+from ..compression import Compressor
+from ..config import Config, Policy
+from ..ops import ReduceOp
+from ..plan import Plan, TensorSpec, dtype_name
+from ..world import check_identical, parameter_signature
+from .clock import StepClock
+from .deferred import DeferredUpdates
+from .engine import EngineHandle
+from .lifecycle import PlanLifecycle, Scaling
+from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
+from .sparse import SparseExchange, sparse_parameter_ids, unrouted_sparse_error
+
+TOO_MANY_BACKWARDS = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally.")
+
+
+@dataclass(frozen=True)
+class WrapOptions:
+    """What DistributedOptimizer was given, validated."""
+
+    compression: type[Compressor]
+    backward_passes_per_step: int
+    op: ReduceOp
+    predivide: float
+    group_of: dict[int, int]
+    sparse_as_dense: bool
+    model: Any
+
+
+def make_specs(named: Sequence[tuple[str, torch.Tensor]],
+               group_of: dict[int, int]) -> list[TensorSpec]:
+    """One spec per parameter that needs a gradient, in forward (declaration) order."""
+    specs: list[TensorSpec] = []
+    for name, p in named:
+        if not p.requires_grad:
+            continue
+        tid = len(specs)
+        specs.append(TensorSpec(tid, name, p.numel(), dtype_name(p.dtype), p.element_size(),
+                                forward_index=tid, group=group_of.get(id(p))))
+    return specs
+
+
+class Session:
+    def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
+                 named: list[tuple[str, torch.Tensor]], options: WrapOptions,
+                 config: Config) -> None:
+        self.world = world_module.init(config.timeout)
+        self.config = config
+        self.options = options
+        self.iteration = 0
+        self.passes = options.backward_passes_per_step
+        routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
+        routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
+        tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
+        self.params = [p for _, p in tracked]
+        self.specs = make_specs(tracked, options.group_of)
+        self._delay = [self.passes] * len(self.specs)
+        self._check_ranks_agree(routed)
+        self.deferred = DeferredUpdates(base_cls, optimizer)
+        self.sparse = SparseExchange(self.world, routed, options.op, self.passes)
+        self.engine = EngineHandle(self.world, self.specs, config.timeout, config.timeline,
+                                   iteration=lambda: self.iteration)
+        self.runner = self._make_runner(base_cls)
+        self.clock = StepClock(self.engine)
+        postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
+        self.lifecycle = PlanLifecycle(self.world, config, self.specs, self.engine, self.runner,
+                                       Scaling(options.compression, 1.0 / options.predivide,
+                                               postscale))
+        self.lifecycle.start()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(tid))
+                       for tid, p in enumerate(self.params) if p.numel() > 0]
+        self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
+                        for i, p in enumerate(self.sparse.params)]
+
+    def _check_ranks_agree(self, routed: list[tuple[str, torch.Tensor]]) -> None:
+        check_identical(self.world, "wrapped parameters (name, shape, dtype)",
+                        parameter_signature(self.specs, [tuple(p.shape) for p in self.params]))
+        o = self.options
+        settings = {**self.config.as_dict(), "timeline": None,
+                    "compression": o.compression.__name__, "op": o.op.name,
+                    "backward_passes_per_step": o.backward_passes_per_step,
+                    "gradient_predivide_factor": o.predivide,
+                    "groups": [s.group for s in self.specs],
+                    "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed]}
+        check_identical(self.world, "commsched settings", sorted(settings.items()))
+
+    def _make_runner(self, base_cls: type) -> OverlapRunner | None:
+        policy, model = self.config.policy, self.options.model
+        if policy.overlaps_iterations:
+            check_overlap_allowed(policy.value, model, base_cls)
+        elif not (policy is Policy.AUTO and overlap_possible(model, base_cls)):
+            return None
+        return OverlapRunner(self.deferred, model, self.params, self.engine)
+
+    @property
+    def plan(self) -> Plan:
+        return self.lifecycle.plan
+
+    @property
+    def defers_updates(self) -> bool:
+        """Whether step() leaves the update to the next forward pass (an overlap plan runs)."""
+        return self.runner is not None and self.runner.active
+
+    # -- gradient hooks -----------------------------------------------------------------------
+
+    def _before_gradient(self) -> None:
+        self.lifecycle.settle(self.iteration)
+        if self.runner is not None and self.runner.open:
+            # No forward pass of `model` closed the previous iteration: do it now.
+            self.runner.finish()
+        self.clock.first_gradient()
+
+    def _gradient_hook(self, tensor_id: int):  # noqa: ANN202 - autograd hook
+        def hook(param: torch.Tensor) -> None:
+            self._before_gradient()
+            remaining = self._delay[tensor_id]
+            if remaining <= 0:
+                raise AssertionError(TOO_MANY_BACKWARDS)
+            if param.grad is None:
+                return
+            if param.grad.is_sparse:
+                if not self.options.sparse_as_dense:
+                    raise unrouted_sparse_error(self.specs[tensor_id].name,
+                                                self.options.model is not None)
+                param.grad = param.grad.to_dense()
+            self._delay[tensor_id] = remaining - 1
+            if remaining == 1:
+                self.engine.mark_ready(tensor_id, _dense_layout(param))
+        return hook
+
+    def _sparse_hook(self, index: int):  # noqa: ANN202 - autograd hook
+        def hook(param: torch.Tensor) -> None:
+            # The gradient stays in p.grad until the exchange at synchronize()/step().
+            self._before_gradient()
+            delay = self.sparse.delay
+            if delay[index] <= 0:
+                raise AssertionError(TOO_MANY_BACKWARDS)
+            if param.grad is not None:
+                delay[index] -= 1
+        return hook
+
+    @property
+    def pending(self) -> bool:
+        """Whether some gradient of this iteration was handed over and not yet reduced."""
+        return any(d != self.passes for d in self._delay) or self.sparse.pending(self.passes)
+
+    def set_passes(self, passes: int) -> None:
+        self.passes = passes
+        self._delay = [passes] * len(self.specs)
+        self.sparse.reset(passes)
+
+    # -- the end of an iteration ----------------------------------------------------------------
+
+    def _launch_rest(self) -> None:
+        """Marks every gradient not produced on this rank as ready, as zeros (Horovod's rule:
+        another rank may have computed it)."""
+        for tensor_id in self.engine.not_ready():
+            param = self.params[tensor_id]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            elif param.grad.is_sparse:
+                param.grad = param.grad.to_dense()
+            self.engine.mark_ready(tensor_id, _dense_layout(param))
+
+    def synchronize(self) -> None:
+        """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
+        self.flush()
+        self.lifecycle.settle(self.iteration)
+        self._launch_rest()
+        self.sparse.exchange()  # while the engine's thread reduces the dense blocks
+        self.engine.wait()
+        self._end_iteration()
+
+    def step_deferred(self) -> None:
+        """step() of an overlap plan: launch the rest and leave the update to the next forward."""
+        runner = self.runner
+        assert runner is not None
+        runner.finish()
+        self.lifecycle.settle(self.iteration)
+        self._launch_rest()
+        runner.begin()
+        # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
+        self.sparse.exchange()
+        self.sparse.step_now(self.deferred)
+        self._end_iteration()
+        self.engine.profiler.note("step_s", runner.take_update_seconds())
+        self.clock.step_ended()
+
+    @contextlib.contextmanager
+    def timed_update(self) -> Iterator[None]:
+        """Around the user's own optimizer step (synchronous plans): its time for the profiler
+        and the timeline."""
+        started = _C.now_us()
+        yield
+        self.clock.step_ended()
+        self.engine.span("update", started)
+        self.engine.profiler.note("step_s", (self.clock.step_end_us - started) / 1e6)
+
+    def _end_iteration(self) -> None:
+        self.set_passes(self.passes)
+        self.clock.new_iteration()
+        self.iteration += 1
+        self.engine.mark(f"iteration {self.iteration}")
+        self.lifecycle.iteration_ended(self.iteration)
+
+    def flush(self) -> None:
+        """Applies every update still pending from cross-iteration overlap."""
+        if self.runner is not None:
+            self.runner.finish()
+
+    def profile_document(self) -> dict:
+        return self.lifecycle.profile_document()
+
+    def close(self) -> None:
+        """Stops this session's engine and removes its hooks and the runner's module hooks.
+        Updates still deferred are dropped (call flush() first to keep them): close() also
+        serves after a failed collective, when nothing can be waited for any more."""
+        self.engine.shutdown()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self.runner is not None:
+            self.runner.remove()
+
+
+def _dense_layout(param: torch.Tensor) -> torch.Tensor:
+    """The gradient in row-major layout (channels-last or transposed parameters get strided
+    gradients): the engine splits gradients into partitions of the flattened tensor and reduces
+    them in place, which needs one contiguous buffer. The optimizer accepts either layout."""
+    grad = param.grad
+    assert grad is not None
+    if not grad.is_contiguous():
+        param.grad = grad = grad.contiguous()
+    return grad

@@ -1,0 +1,42 @@
+"""The engines alive in this process, as the world sees them.
+
+Engines register here when they are made, so that the heartbeat thread can publish their
+progress and ``commsched.shutdown()`` can stop them, without the world importing the runtime
+that sits above it (an engine needs a world to exist; the world only needs this protocol).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Protocol
+
+
+class Participant(Protocol):
+    """What the world needs of an engine: an id equal on every rank, its progress for the
+    heartbeats, and a way to stop it."""
+
+    engine_id: int
+
+    def progress(self) -> dict[str, Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register(participant: Participant) -> None:
+    _live.add(participant)
+
+
+def unregister(participant: Participant) -> None:
+    _live.discard(participant)
+
+
+def participants() -> list[Participant]:
+    return sorted(_live, key=lambda p: p.engine_id)
+
+
+def shutdown_all() -> None:
+    for participant in participants():
+        participant.shutdown()
