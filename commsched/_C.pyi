@@ -3,15 +3,32 @@ from typing import Any
 
 import torch
 
-ALLREDUCE: int
-REDUCE_SCATTER: int
-ALL_GATHER: int
-
 def now_us() -> int: ...
+def collective_codes() -> dict[str, int]: ...
+
+class PieceSpec:
+    tensor_id: int
+    offset: int
+    numel: int
+    def __init__(self, *, tensor_id: int, offset: int, numel: int) -> None: ...
+
+class BlockSpec:
+    block_id: int
+    op: int
+    wire_dtype: str
+    prescale: float
+    postscale: float
+    pieces: list[PieceSpec]
+    released_by_caller: bool
+    source: int
+    def __init__(self, *, block_id: int, op: int, wire_dtype: str, prescale: float,
+                 postscale: float, pieces: list[PieceSpec], released_by_caller: bool = False,
+                 source: int = -1) -> None: ...
 
 class Engine:
-    def __init__(self, process_group: Any | None, tensor_names: list[str], timeout_ms: int) -> None: ...
-    def install_plan(self, blocks: list[tuple[int, int, str, float, float, list[tuple[int, int, int]], bool, int]]) -> None: ...
+    def __init__(self, process_group: Any | None, tensor_names: list[str],
+                 timeout_ms: int) -> None: ...
+    def install_plan(self, blocks: list[BlockSpec]) -> None: ...
     def mark_ready(self, tensor_id: int, grad: torch.Tensor) -> None: ...
     def is_ready(self, tensor_id: int) -> bool: ...
     def not_ready_tensors(self) -> list[int]: ...

@@ -9,10 +9,8 @@ from .compression import Compression
 from .config import ConfigError, Policy, load_config
 from .ops import Adasum, Average, ReduceOp, Sum
 from .optimizer import DistributedOptimizer
-from .world import (
-    MismatchError,
-    RankFailureError,
-    StallWarning,
+from .world import MismatchError, RankFailureError, StallWarning
+from .world.bootstrap import (
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -28,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "MismatchError",
-    "Policy", "RankFailureError", "StallWarning", "ReduceOp", "Sum", "broadcast_object", "broadcast_optimizer_state",
-    "broadcast_parameters", "init", "is_initialized", "load_config", "local_rank", "rank",
+    "Policy", "RankFailureError", "StallWarning", "ReduceOp", "Sum", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "init", "is_initialized", "load_config", "local_rank", "rank",
     "shutdown", "size",
 ]

@@ -138,7 +138,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         sparse_as_dense: bool = False,
         model: torch.nn.Module | None = None,
         policy: str | None = None,
-        **knobs: Any) -> torch.optim.Optimizer:
+        **knobs: Any) -> _DistributedOptimizer:
     """Wraps `optimizer` so that gradients are averaged across ranks by commsched's engine.
 
     Keyword arguments beyond Horovod's override any knob (see commsched.config.KNOBS).

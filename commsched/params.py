@@ -1,16 +1,13 @@
-"""Validation of what DistributedOptimizer is given, with Horovod's errors, and the tensor
-specs the planner reads."""
+"""Validation of what DistributedOptimizer is given (names, groups), with Horovod's errors."""
 
 from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-
-from .plan import TensorSpec, dtype_name
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -86,16 +83,3 @@ def resolve_groups(params: list[torch.Tensor], num_groups: int, groups: Any) -> 
                 raise ValueError("a parameter appears in more than one group of `groups`")
             mapping[id(p)] = index
     return mapping
-
-
-def make_specs(named: Sequence[tuple[str, torch.Tensor]],
-               group_of: dict[int, int]) -> list[TensorSpec]:
-    """One spec per parameter that needs a gradient, in forward (declaration) order."""
-    specs: list[TensorSpec] = []
-    for name, p in named:
-        if not p.requires_grad:
-            continue
-        tid = len(specs)
-        specs.append(TensorSpec(tid, name, p.numel(), dtype_name(p.dtype), p.element_size(),
-                                forward_index=tid, group=group_of.get(id(p))))
-    return specs

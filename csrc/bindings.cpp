@@ -2,6 +2,8 @@
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <map>
+
 #include "engine.h"
 #include "transport.h"
 
@@ -11,23 +13,23 @@ using commsched::Engine;
 
 namespace {
 
-// A block arrives from Python as (block_id, op, wire_dtype_name, prescale, postscale,
-// [(tensor_id, offset, numel), ...], released_by_caller, source_position).
-using BlockTuple = std::tuple<int64_t, int64_t, std::string, double, double,
-                              std::vector<std::tuple<int64_t, int64_t, int64_t>>, bool, int64_t>;
-
-std::vector<BlockSpec> to_blocks(const std::vector<BlockTuple>& tuples) {
-  std::vector<BlockSpec> blocks;
-  blocks.reserve(tuples.size());
-  for (const auto& [id, op, dtype, prescale, postscale, pieces, released, source] : tuples) {
-    TORCH_CHECK(op >= 0 && op <= static_cast<int64_t>(commsched::Collective::kAllGather),
-                "commsched: block ", id, " has unknown collective ", op);
-    BlockSpec block{id,        static_cast<commsched::Collective>(op), {},
-                    commsched::scalar_type_from_name(dtype), prescale, postscale, released, source};
-    for (const auto& [tensor, offset, numel] : pieces) block.pieces.push_back({tensor, offset, numel});
-    blocks.push_back(std::move(block));
+// Blocks cross from Python as bound BlockSpec / PieceSpec structs built with keyword arguments,
+// so a field can be neither forgotten nor swapped; the collective code is checked here, and
+// Python checks at import that its Collective enum has these codes (collective_codes()).
+BlockSpec make_block(int64_t block_id, int64_t op, const std::string& wire_dtype, double prescale,
+                     double postscale, std::vector<commsched::PieceSpec> pieces,
+                     bool released_by_caller, int64_t source) {
+  TORCH_CHECK(op >= 0 && op <= static_cast<int64_t>(commsched::Collective::kAllGather),
+              "commsched: block ", block_id, " has unknown collective ", op);
+  for (const auto& piece : pieces) {
+    TORCH_CHECK(piece.offset >= 0 && piece.numel >= 0, "commsched: block ", block_id,
+                " has a piece of tensor ", piece.tensor_id, " with offset ", piece.offset,
+                " and numel ", piece.numel);
   }
-  return blocks;
+  return BlockSpec{block_id,   static_cast<commsched::Collective>(op),
+                   std::move(pieces), commsched::scalar_type_from_name(wire_dtype),
+                   prescale,   postscale,
+                   released_by_caller, source};
 }
 
 std::shared_ptr<Engine> make_engine(const py::object& group, std::vector<std::string> names,
@@ -47,19 +49,46 @@ std::shared_ptr<Engine> make_engine(const py::object& group, std::vector<std::st
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "commsched engine: executes communication plans on background threads";
   m.def("now_us", &commsched::now_us, "Engine clock (steady, microseconds)");
-  m.attr("ALLREDUCE") = static_cast<int64_t>(commsched::Collective::kAllreduce);
-  m.attr("REDUCE_SCATTER") = static_cast<int64_t>(commsched::Collective::kReduceScatter);
-  m.attr("ALL_GATHER") = static_cast<int64_t>(commsched::Collective::kAllGather);
+  m.def("collective_codes", [] {
+    std::map<std::string, int64_t> codes;
+    for (auto op : {commsched::Collective::kAllreduce, commsched::Collective::kReduceScatter,
+                    commsched::Collective::kAllGather})
+      codes[commsched::collective_name(op)] = static_cast<int64_t>(op);
+    return codes;
+  }, "Collective name -> code, as the engine reads BlockSpec.op");
+
+  py::class_<commsched::PieceSpec>(m, "PieceSpec")
+      .def(py::init([](int64_t tensor_id, int64_t offset, int64_t numel) {
+             return commsched::PieceSpec{tensor_id, offset, numel};
+           }),
+           py::kw_only(), py::arg("tensor_id"), py::arg("offset"), py::arg("numel"))
+      .def_readonly("tensor_id", &commsched::PieceSpec::tensor_id)
+      .def_readonly("offset", &commsched::PieceSpec::offset)
+      .def_readonly("numel", &commsched::PieceSpec::numel);
+
+  py::class_<BlockSpec>(m, "BlockSpec")
+      .def(py::init(&make_block), py::kw_only(), py::arg("block_id"), py::arg("op"),
+           py::arg("wire_dtype"), py::arg("prescale"), py::arg("postscale"), py::arg("pieces"),
+           py::arg("released_by_caller") = false, py::arg("source") = -1)
+      .def_readonly("block_id", &BlockSpec::block_id)
+      .def_property_readonly("op", [](const BlockSpec& b) { return static_cast<int64_t>(b.op); })
+      .def_property_readonly("wire_dtype",
+                             [](const BlockSpec& b) { return commsched::scalar_type_name(b.wire_dtype); })
+      .def_readonly("prescale", &BlockSpec::prescale)
+      .def_readonly("postscale", &BlockSpec::postscale)
+      .def_readonly("pieces", &BlockSpec::pieces)
+      .def_readonly("released_by_caller", &BlockSpec::released_by_caller)
+      .def_readonly("source", &BlockSpec::source);
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("process_group"), py::arg("tensor_names"),
            py::arg("timeout_ms"))
       .def("install_plan",
-           [](Engine& self, const std::vector<BlockTuple>& blocks) {
-             auto specs = to_blocks(blocks);
+           [](Engine& self, std::vector<BlockSpec> blocks) {
              py::gil_scoped_release release;
-             self.install_plan(std::move(specs));
-           })
+             self.install_plan(std::move(blocks));
+           },
+           py::arg("blocks"))
       .def("mark_ready", &Engine::mark_ready, py::call_guard<py::gil_scoped_release>())
       .def("is_ready", &Engine::is_ready)
       .def("not_ready_tensors", &Engine::not_ready_tensors)

@@ -34,6 +34,7 @@ struct BlockSpec {
 };
 
 c10::ScalarType scalar_type_from_name(const std::string& name);
+std::string scalar_type_name(c10::ScalarType type);
 const char* collective_name(Collective op);
 
 }  // namespace commsched

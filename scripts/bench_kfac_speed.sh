@@ -4,18 +4,16 @@
 # fused + lpt against unpipelined + round_robin (and the two mixed variants), side by side in one
 # horovodrun job. Writes benchmarks/kfac_speed/results.{json,md,png} and README.md.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-scripts/setup.sh
+# shellcheck source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 RATE="${RATE:-1gbit}"
 OUT="${OUT:-benchmarks/kfac_speed}"
 export NETNS="${NETNS:-cskfac}"
 trap 'scripts/netem.sh down' EXIT
-export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
 scripts/netem.sh up "$RATE"
 scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.kfac_speed \
   --batch-size 64 --warmup 8 --rounds 3 --steps 5 --link-note "loopback shaped to $RATE" \
-  --out "$OUT" 2>&1 | grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
+  --out "$OUT" 2>&1 | rank0_stdout
 {
   echo "# K-FAC speed: pipelined + fused + lpt against unpipelined + round_robin"
   echo

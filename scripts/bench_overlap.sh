@@ -4,20 +4,18 @@
 # candidate side by side in one job per model. Writes benchmarks/overlap/<model>/results.{json,md,png}
 # and a summary. Each rate is one where hvd waits on communication at least 40% of its iteration.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-scripts/setup.sh
+# shellcheck source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 CNN_RATE="${CNN_RATE:-1gbit}"
 TRANSFORMER_RATE="${TRANSFORMER_RATE:-1gbit}"
 OUT="${OUT:-benchmarks/overlap}"
 CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB"
 trap 'scripts/netem.sh down' EXIT
-export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
 run() {  # model batch rate
   scripts/netem.sh up "$3"
   scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds 3 --steps 8 --warmup 15 --candidates "$CANDIDATES" \
-    --link-note "loopback shaped to $3" --out "$OUT/$1" 2>&1 | grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
+    --link-note "loopback shaped to $3" --out "$OUT/$1" 2>&1 | rank0_stdout
 }
 run cnn 64 "$CNN_RATE"
 run transformer 8 "$TRANSFORMER_RATE"

@@ -4,14 +4,12 @@
 # simulated from the profile written when its profiling steps ended and set beside the measured
 # median. Writes benchmarks/sim_validation/<model>-<rate>/results.* and README.md.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-scripts/setup.sh
+# shellcheck source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 RATES="${RATES:-1gbit 2gbit}"
 OUT="${OUT:-benchmarks/sim_validation}"
 CANDIDATES="local (no comm),hvd,commsched:horovod,commsched:ddp,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
 trap 'scripts/netem.sh down' EXIT
-export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
 results=()
 for rate in $RATES; do
   scripts/netem.sh up "$rate"
@@ -22,7 +20,7 @@ for rate in $RATES; do
     scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
       --model "$1" --batch-size "$2" --rounds 2 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
       --predict-dir "$profiles" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
-      | grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
+      | rank0_stdout
     rm -rf "$profiles"
     results+=("$dir/results.json")
   done

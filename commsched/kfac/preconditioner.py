@@ -38,7 +38,8 @@ class _Layer:
     module: nn.Module
     a: torch.Tensor | None = None  # running averages
     g: torch.Tensor | None = None
-    decomposition: dict[str, torch.Tensor] = field(default_factory=dict)  # qa, da, qg, dg / a_inv, g_inv
+    # eigen: qa, da, qg, dg; inverse: a_inv, g_inv
+    decomposition: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _check_choice(enum_type: Any, value: Any, what: str) -> Any:
@@ -67,6 +68,33 @@ def _check_schedule(value: Any, what: str, low: float, high: float = math.inf,
                          f"{']' if closed_high else ')'} or a callable of the step, got {value!r}")
 
 
+def _check_arguments(factor_update_steps: Any, inv_update_steps: Any, damping: Any,
+                     factor_decay: Any, kl_clip: Any, lr: Any, local_threshold: Any) -> None:
+    _check_interval(factor_update_steps, "factor_update_steps")
+    _check_interval(inv_update_steps, "inv_update_steps")
+    _check_schedule(damping, "damping", 0.0)
+    _check_schedule(factor_decay, "factor_decay", 0.0, 1.0)
+    _check_schedule(lr, "lr", 0.0)
+    if kl_clip is not None:
+        _check_schedule(kl_clip, "kl_clip", 0.0)
+    if isinstance(local_threshold, bool) or not isinstance(local_threshold, int) \
+            or local_threshold < 0:
+        raise ValueError(f"commsched.kfac: local_threshold must be an integer >= 0, "
+                         f"got {local_threshold!r}")
+
+
+def _check_checkpoint(state: dict[str, Any], method: fx.ComputeMethod,
+                      layer_names: list[str]) -> None:
+    if state.get("compute_method") != method.value:
+        raise ValueError(f"commsched.kfac: checkpoint holds compute_method="
+                         f"{state.get('compute_method')!r}, this preconditioner uses "
+                         f"{method.value!r}")
+    saved = state["layers"]
+    if any(name not in saved for name in layer_names) or len(saved) != len(layer_names):
+        raise ValueError(f"commsched.kfac: checkpoint layers {sorted(saved)} do not match the "
+                         f"preconditioned layers {layer_names}")
+
+
 class KFACPreconditioner:
     """Preconditions the gradients of `model`'s nn.Linear and nn.Conv2d layers; other layers are
     left to the plain optimizer. Hyper-parameters may be callables of the step number."""
@@ -78,17 +106,8 @@ class KFACPreconditioner:
                  local_threshold: int = 128, skip_layers: Iterable[str] = (),
                  symmetric: bool = True, pipelined: bool = True,
                  profile_steps: int | None = None, grad_scaler: Any = None) -> None:
-        _check_interval(factor_update_steps, "factor_update_steps")
-        _check_interval(inv_update_steps, "inv_update_steps")
-        _check_schedule(damping, "damping", 0.0)
-        _check_schedule(factor_decay, "factor_decay", 0.0, 1.0)
-        _check_schedule(lr, "lr", 0.0)
-        if kl_clip is not None:
-            _check_schedule(kl_clip, "kl_clip", 0.0)
-        if isinstance(local_threshold, bool) or not isinstance(local_threshold, int) \
-                or local_threshold < 0:
-            raise ValueError(f"commsched.kfac: local_threshold must be an integer >= 0, "
-                             f"got {local_threshold!r}")
+        _check_arguments(factor_update_steps, inv_update_steps, damping, factor_decay, kl_clip,
+                         lr, local_threshold)
         self.method = _check_choice(fx.ComputeMethod, compute_method, "compute_method")
         self.placement = _check_choice(Placement, placement, "placement")
         self.factor_update_steps, self.inv_update_steps = factor_update_steps, inv_update_steps
@@ -121,10 +140,12 @@ class KFACPreconditioner:
         steps = cfg.profile_steps if profile_steps is None else profile_steps
         self.dims = {f"{lay.name}.A": fx.a_dim(lay.module) for lay in self.layers}
         self.dims.update({f"{lay.name}.G": fx.g_dim(lay.module) for lay in self.layers})
-        order = [f"{lay.name}.A" for lay in self.layers] + [f"{lay.name}.G" for lay in reversed(self.layers)]
+        order = [f"{lay.name}.A" for lay in self.layers] + \
+            [f"{lay.name}.G" for lay in reversed(self.layers)]
         self.factors = FactorExchange(self.world, order, [self._factor_numel(n) for n in order],
                                       like, cfg, steps)
-        layer_order = [(n, self.dims[n]) for lay in self.layers for n in (f"{lay.name}.A", f"{lay.name}.G")]
+        layer_order = [(n, self.dims[n]) for lay in self.layers
+                       for n in (f"{lay.name}.A", f"{lay.name}.G")]
         self.assignment = assign(layer_order, self.world.size, self.placement, local_threshold)
         log.info("commsched.kfac: %s placement on rank %d: %s", self.placement.value,
                  self.world.rank, self.assignment.describe())
@@ -180,7 +201,8 @@ class KFACPreconditioner:
             return
         grad = grad.to(self.factor_dtype)
         if self.grad_scaler is not None:  # G of the unscaled loss
-            scale = self.grad_scaler() if callable(self.grad_scaler) else self.grad_scaler.get_scale()
+            scaler = self.grad_scaler
+            scale = scaler() if callable(scaler) else scaler.get_scale()
             grad = grad / float(scale)
         with torch.autocast(grad.device.type, enabled=False):
             factor = fx.g_factor(layer.module, grad)
@@ -197,7 +219,7 @@ class KFACPreconditioner:
         else:
             self._held[name] = flat
 
-    # -- step ------------------------------------------------------------------------------------------
+    # -- step ---------------------------------------------------------------------------------
 
     def step(self) -> None:
         """Averages this step's factors, refreshes the decompositions when due, and replaces the
@@ -280,7 +302,8 @@ class KFACPreconditioner:
             grad = grad.to(self.factor_dtype)
             d = layer.decomposition
             if self.method is fx.ComputeMethod.EIGEN:
-                direction = fx.precondition_eigen(grad, d["qa"], d["da"], d["qg"], d["dg"], damping)
+                direction = fx.precondition_eigen(grad, d["qa"], d["da"], d["qg"], d["dg"],
+                                                  damping)
             else:
                 direction = fx.precondition_inverse(grad, d["a_inv"], d["g_inv"])
             vg_sum += float((direction * grad).sum()) * float(self._at(self.lr)) ** 2
@@ -301,18 +324,12 @@ class KFACPreconditioner:
                 "symmetric": self.symmetric, "factor_exchange": self.factors.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("compute_method") != self.method.value:
-            raise ValueError(f"commsched.kfac: checkpoint holds compute_method="
-                             f"{state.get('compute_method')!r}, this preconditioner uses "
-                             f"{self.method.value!r}")
+        _check_checkpoint(state, self.method, [lay.name for lay in self.layers])
         saved = state["layers"]
-        missing = [lay.name for lay in self.layers if lay.name not in saved]
-        if missing or len(saved) != len(self.layers):
-            raise ValueError(f"commsched.kfac: checkpoint layers {sorted(saved)} do not match the "
-                             f"preconditioned layers {[lay.name for lay in self.layers]}")
         for layer in self.layers:
             device = fx.weight_of(layer.module).device
-            entry = {k: None if v is None else v.to(device=device, dtype=self.factor_dtype, copy=True)
+            entry = {k: None if v is None
+                     else v.to(device=device, dtype=self.factor_dtype, copy=True)
                      for k, v in saved[layer.name].items()}
             layer.a, layer.g = entry.pop("a"), entry.pop("g")
             layer.decomposition = {k: v for k, v in entry.items() if v is not None}

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 
 class Collective(enum.IntEnum):
-    """Values match commsched._C's Collective codes."""
+    """A block's collective. The codes cross into commsched._C as numbers; importing the
+    runtime checks them against the extension's own (runtime.engine.check_collective_codes)."""
 
     ALLREDUCE = 0
     REDUCE_SCATTER = 1

@@ -21,6 +21,20 @@ from .timeline import TimelineWriter
 _engine_ids = itertools.count()
 
 
+def check_collective_codes() -> None:
+    """Python's Collective enum and the extension's codes must agree: a block's op crosses the
+    boundary as its number. A stale build of commsched._C is the usual cause of a mismatch."""
+    ours = {c.name.lower(): int(c) for c in Collective}
+    theirs = dict(_C.collective_codes())
+    if ours != theirs:
+        raise ImportError(f"commsched: the Collective codes of commsched.plan ({ours}) differ "
+                          f"from those of the compiled engine commsched._C ({theirs}); rebuild "
+                          "the extension (scripts/setup.sh, or pip install -e .)")
+
+
+check_collective_codes()
+
+
 class EngineHandle:
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
@@ -44,18 +58,19 @@ class EngineHandle:
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
-        tuples = []
         position = {b.block_id: i for i, b in enumerate(plan.blocks)}
-        for block in plan.blocks:
-            wire = compressor.wire_dtype(getattr(torch, block.dtype))
-            pieces = [(p.tensor_id, p.offset, p.numel) for p in block.pieces]
+        blocks = [_C.BlockSpec(
+            block_id=block.block_id, op=int(block.op),
+            wire_dtype=dtype_name(compressor.wire_dtype(getattr(torch, block.dtype))),
             # A reduce-scatter carries the prescale; its all-gather the postscale.
-            pre = 1.0 if block.op is Collective.ALL_GATHER else prescale
-            post = 1.0 if block.op is Collective.REDUCE_SCATTER else postscale
-            source = -1 if block.source is None else position[block.source]
-            tuples.append((block.block_id, int(block.op), dtype_name(wire), pre, post, pieces,
-                           block.stage is Stage.FORWARD, source))
-        self._engine.install_plan(tuples)
+            prescale=1.0 if block.op is Collective.ALL_GATHER else prescale,
+            postscale=1.0 if block.op is Collective.REDUCE_SCATTER else postscale,
+            pieces=[_C.PieceSpec(tensor_id=p.tensor_id, offset=p.offset, numel=p.numel)
+                    for p in block.pieces],
+            released_by_caller=block.stage is Stage.FORWARD,
+            source=-1 if block.source is None else position[block.source])
+            for block in plan.blocks]
+        self._engine.install_plan(blocks)
         self.plan = plan
         if self.timeline:
             self.timeline.mark(f"plan {plan.policy} {plan.fingerprint} ({len(plan.blocks)} blocks)")
@@ -69,7 +84,8 @@ class EngineHandle:
     def progress(self) -> dict:
         """What the heartbeat publishes for the stall inspector (called from its thread)."""
         since = self._waiting_since
-        return {"iteration": self._iteration(), "waiting_s": None if since is None else time.monotonic() - since,
+        return {"iteration": self._iteration(),
+                "waiting_s": None if since is None else time.monotonic() - since,
                 "not_ready": [self.specs[t].name for t in self._engine.not_ready_tensors()]}
 
     def _guarded(self, call, *args):  # noqa: ANN001, ANN202

@@ -6,6 +6,19 @@ import pytest
 import torch
 from helpers import distributed_test
 
+from commsched import _C
+from commsched.plan import Collective
+
+AR, RS, AG = Collective.ALLREDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
+
+
+def _block(block_id: int, op: Collective, pieces: list[tuple[int, int, int]], *,
+           wire: str = "float32", pre: float = 1.0, post: float = 1.0, released: bool = False,
+           source: int = -1) -> _C.BlockSpec:
+    return _C.BlockSpec(block_id=block_id, op=int(op), wire_dtype=wire, prescale=pre,
+                        postscale=post, released_by_caller=released, source=source,
+                        pieces=[_C.PieceSpec(tensor_id=t, offset=o, numel=n) for t, o, n in pieces])
+
 
 def _partition_job() -> dict:
     import commsched
@@ -16,9 +29,9 @@ def _partition_job() -> dict:
     engine = _C.Engine(world.process_group, ["a", "b", "c"], 20_000)
     half = 1.0 / world.size
     engine.install_plan([
-        (0, _C.ALLREDUCE, "float32", 1.0, half, [(0, 2, 3), (1, 0, 4)], False, -1),
-        (1, _C.ALLREDUCE, "float32", 1.0, half, [(0, 0, 2)], False, -1),
-        (2, _C.ALLREDUCE, "float16", 2.0, half / 2.0, [(2, 0, 3)], False, -1),  # fp64 on an fp16 wire
+        _block(0, AR, [(0, 2, 3), (1, 0, 4)], post=half),
+        _block(1, AR, [(0, 0, 2)], post=half),
+        _block(2, AR, [(2, 0, 3)], wire="float16", pre=2.0, post=half / 2.0),  # fp64 on fp16
     ])
     out = {}
     for iteration in range(2):
@@ -65,8 +78,7 @@ def _timeout_job() -> str:
 
     world = commsched.init()
     engine = _C.Engine(world.process_group, ["first", "second"], 3000)
-    engine.install_plan([(0, _C.ALLREDUCE, "float32", 1.0, 1.0, [(0, 0, 4)], False, -1),
-                         (1, _C.ALLREDUCE, "float32", 1.0, 1.0, [(1, 0, 4)], False, -1)])
+    engine.install_plan([_block(0, AR, [(0, 0, 4)]), _block(1, AR, [(1, 0, 4)])])
     engine.mark_ready(0, torch.ones(4))
     if world.rank == 0:
         engine.mark_ready(1, torch.ones(4))
@@ -100,9 +112,9 @@ def _decoupled_job() -> dict:
     engine.set_credit(8)  # smaller than any block: one block in flight at a time
     avg = 1.0 / size
     engine.install_plan([
-        (0, _C.REDUCE_SCATTER, "float32", 1.0, 1.0, [(0, 0, 5), (1, 0, 2)], False, -1),  # 7 -> pad
-        (1, _C.ALLREDUCE, "float32", 1.0, avg, [(2, 0, 3)], False, -1),
-        (2, _C.ALL_GATHER, "float32", 1.0, avg, [(0, 0, 5), (1, 0, 2)], True, 0),
+        _block(0, RS, [(0, 0, 5), (1, 0, 2)]),  # 7 elements: padded to the world size
+        _block(1, AR, [(2, 0, 3)], post=avg),
+        _block(2, AG, [(0, 0, 5), (1, 0, 2)], post=avg, released=True, source=0),
     ])
     w1, w2, b = (torch.full((5,), float(rank + 1)), torch.arange(2.0) * (rank + 1),
                  torch.full((3,), 10.0 * rank))
@@ -142,7 +154,7 @@ def _standalone_gather_job() -> dict:
     world = commsched.init()
     rank = world.rank
     engine = _C.Engine(world.process_group, ["x", "y"], 20_000)
-    engine.install_plan([(0, _C.ALL_GATHER, "float32", 1.0, 1.0, [(0, 0, 4), (1, 0, 3)], False, -1)])
+    engine.install_plan([_block(0, AG, [(0, 0, 4), (1, 0, 3)])])
     x = torch.full((4,), -1.0)
     y = torch.full((3,), -1.0)
     packed = torch.cat([x, y, torch.zeros(2)])

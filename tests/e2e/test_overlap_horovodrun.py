@@ -5,31 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
-from launch import horovodrun
+from launch import job_results, rank_outcomes
 from overlap_parity_job import OVERLAP_KEYS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_cache: dict[int, dict] = {}
 
 
-def overlap_results(np: int, tmp_dir: str) -> dict:
-    if np not in _cache:
-        out = os.path.join(tmp_dir, f"overlap{np}.json")
-        # A short COMMSCHED_TIMEOUT turns a broken configuration into a quick, named failure.
-        try:
-            horovodrun(np, os.path.join(HERE, "overlap_parity_job.py"), out, timeout=500,
-                       env={"COMMSCHED_TIMEOUT": "60"})
-        except AssertionError as err:
-            raise AssertionError(f"{err}\nper-rank progress:\n{_progress(out, np)}") from None
-        with open(out, encoding="utf-8") as handle:
-            _cache[np] = json.load(handle)
-    return _cache[np]
+def overlap_results(np: int, tmp_dir: str) -> dict[str, Any]:
+    # A short COMMSCHED_TIMEOUT turns a broken configuration into a quick, named failure.
+    return job_results(np, os.path.join(HERE, "overlap_parity_job.py"), tmp_dir, timeout=500,
+                       env={"COMMSCHED_TIMEOUT": "60"}, explain=lambda out: _progress(out, np))
 
 
 def _progress(out: str, np: int) -> str:
-    lines = []
+    lines = ["per-rank progress:"]
     for rank in range(np):
         try:
             with open(f"{out}.rank{rank}", encoding="utf-8") as handle:
@@ -45,11 +37,10 @@ def _progress(out: str, np: int) -> str:
 @pytest.mark.e2e
 @pytest.mark.parametrize("np", [2, 3])
 @pytest.mark.parametrize("key", OVERLAP_KEYS)
-def test_overlap_matches_synchronous_horovod(np: int, key: str, tmp_path_factory) -> None:
+def test_overlap_matches_synchronous_horovod(np: int, key: str,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     results = overlap_results(np, str(tmp_path_factory.getbasetemp()))
-    assert results["size"] == np
-    for rank, outcome in enumerate(results["results"][key]["ranks"]):
-        assert "error" not in outcome, f"rank {rank}: {outcome.get('error')}"
+    for rank, outcome in enumerate(rank_outcomes(results, key, np)):
         assert outcome["overlapped"], "the overlap runner never became active"
         assert outcome["state_ok"], "state_dict() does not cover every parameter"
         assert outcome["ok"], (f"rank {rank}: {key} differs from synchronous Horovod: params "

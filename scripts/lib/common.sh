@@ -1,0 +1,12 @@
+# Sourced (not run) by the benchmark scripts after their `set -euo pipefail`: moves to the
+# repository root (ROOT), sets it up if needed (scripts/setup.sh) and exports the environment
+# every benchmark job runs under.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+scripts/setup.sh
+export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
+
+# Filter for a horovodrun job's combined output: rank 0's stdout lines, without their prefix.
+rank0_stdout() {
+  grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
+}
