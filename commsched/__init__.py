@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "MismatchError",
-    "Policy", "RankFailureError", "StallWarning", "ReduceOp", "Sum", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "init", "is_initialized", "load_config", "local_rank", "rank",
-    "shutdown", "size",
+    "Policy", "RankFailureError", "ReduceOp", "StallWarning", "Sum", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "init", "is_initialized", "load_config",
+    "local_rank", "rank", "shutdown", "size",
 ]

@@ -93,8 +93,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
         self._cs_synchronized = False
-        with session.timed_update():
-            return super().step(closure)
+        return session.update(lambda: super(_DistributedOptimizer, self).step(closure), closure)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's state plus a ``commsched`` entry (plan, iteration, pending profiling), which

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "torch_compat.h"
+
 namespace commsched {
 
 namespace {
@@ -40,10 +42,11 @@ std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, 
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
       return std::make_unique<WorkCollective>(
-          group_->reduce_scatter_single(output, input, options));
+          torch_compat::reduce_scatter_single(*group_, output, input, options));
     }
     case Collective::kAllGather:
-      return std::make_unique<WorkCollective>(group_->all_gather_single(output, input));
+      return std::make_unique<WorkCollective>(
+          torch_compat::all_gather_single(*group_, output, input));
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
 }

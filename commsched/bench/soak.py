@@ -57,7 +57,7 @@ def soak(policy: str, model_name: ModelName, steps: int, every: int, batch_size:
         opt.step()
         if step % every == 0 or step == steps - 1:
             samples.append(sample(step))
-    opt.flush()  # type: ignore[attr-defined]  # the wrapper adds flush()
+    opt.flush()
     return samples
 
 

@@ -13,7 +13,17 @@ from .horovod import plan_horovod
 from .mgwfbp import plan_mgwfbp
 from .prophet import plan_prophet
 from .serialize import dtype_name, plan_from_dict, plan_to_dict
-from .types import Block, Collective, NetModel, Piece, Plan, Profile, Stage, TensorSpec
+from .types import (
+    Block,
+    Collective,
+    NetModel,
+    Piece,
+    Plan,
+    Profile,
+    Stage,
+    TensorSpec,
+    UpdateGroup,
+)
 from .units import layerwise, layerwise_decoupled
 
 PROFILING_POLICY = "layerwise"
@@ -46,5 +56,6 @@ def make_profiling_plan(specs: list[TensorSpec], profile: Profile,
 
 
 __all__ = ["Block", "Collective", "NetModel", "Piece", "Plan", "Profile", "Stage", "TensorSpec",
+           "UpdateGroup",
            "dtype_name", "make_plan", "make_profiling_plan", "plan_from_dict", "plan_to_dict",
            "PROFILING_POLICY"]

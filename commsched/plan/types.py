@@ -57,17 +57,33 @@ class Block:
 
 
 @dataclass(frozen=True)
+class UpdateGroup:
+    """Parameters (by tensor id) updated by one call of the user's optimizer under an overlap
+    plan: in the forward pre-hook of `module`, after the block at plan position `wait_for`."""
+
+    module: str
+    tensor_ids: tuple[int, ...]
+    wait_for: int
+
+
+@dataclass(frozen=True)
 class Plan:
     policy: str
     blocks: tuple[Block, ...]
+    # Overlap plans: how the next forward pass applies the updates (plan/update_groups.py).
+    # Empty for synchronous plans, and for overlap plans made before anything was measured.
+    update_groups: tuple[UpdateGroup, ...] = ()
 
     @property
     def fingerprint(self) -> str:
-        canonical = [self.policy] + [
+        canonical: list = [self.policy] + [
             [b.block_id, int(b.op), b.stage.value, b.dtype, b.source,
              [[p.tensor_id, p.offset, p.numel] for p in b.pieces]]
             for b in self.blocks
         ]
+        if self.update_groups:
+            canonical.append([[g.module, list(g.tensor_ids), g.wait_for]
+                              for g in self.update_groups])
         return hashlib.sha256(json.dumps(canonical).encode()).hexdigest()[:16]
 
 

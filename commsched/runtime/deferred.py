@@ -15,6 +15,7 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -144,3 +145,22 @@ class DeferredUpdates:
         self._optimizer_for(params).step()
         for param in params:
             param.grad = None
+
+    def step_all_in_two_calls(self) -> list[tuple[int, float]]:
+        """Steps every parameter of the user's optimizer that has a gradient, in two calls:
+        the smallest one alone, then the rest; gradients are left in place (a synchronous
+        step). Each parameter is stepped once, as one call would, so the update is the same;
+        the two (bytes, seconds) samples tell a call's fixed cost from its cost per byte."""
+        params = [p for group in self._user.param_groups for p in group["params"]
+                  if p.grad is not None]
+        if len(params) < 2:
+            return []
+        self.snapshot()
+        smallest = min(range(len(params)), key=lambda i: params[i].numel())
+        samples = []
+        for subset in ([params[smallest]], params[:smallest] + params[smallest + 1:]):
+            started = time.perf_counter()
+            self._optimizer_for(subset).step()
+            samples.append((sum(p.numel() * p.element_size() for p in subset),
+                            time.perf_counter() - started))
+        return samples

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from ..compression import Compressor
 from ..config import Config, Policy
 from ..plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
+from ..sim import FittedNetwork, profile_from_document
+from ..sim.overlap import with_update_groups
 from ..world import World, check_identical
 from .auto import AutoState
 from .engine import EngineHandle
@@ -103,13 +105,18 @@ class PlanLifecycle:
             self._replan_auto()
             return
         cfg, profiler = self._config, self._engine.profiler
-        profile, net = self._world.broadcast_object(
-            (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta)))
+        overlap = self._runner is not None and cfg.policy.overlaps_iterations
+        profile, net, document = self._world.broadcast_object(
+            (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
+             self.profile_document() if overlap else None))
         plan = make_plan(cfg.policy, self._specs, profile, net, cfg)
-        self.write_profile()
-        log.info("commsched: rank %d installs %s plan %s: %d blocks (alpha=%.3g s, beta=%.3g s/B)",
-                 self._world.rank, plan.policy, plan.fingerprint, len(plan.blocks), net.alpha,
-                 net.beta)
+        if document is not None:
+            plan = with_update_groups(profile_from_document(document), plan,
+                                      FittedNetwork.from_document(document))
+        self.write_profile(document)
+        log.info("commsched: rank %d installs %s plan %s: %d blocks, %d update groups "
+                 "(alpha=%.3g s, beta=%.3g s/B)", self._world.rank, plan.policy,
+                 plan.fingerprint, len(plan.blocks), len(plan.update_groups), net.alpha, net.beta)
         self.install(plan)
         if self._runner is not None:
             self._runner.activate(plan)

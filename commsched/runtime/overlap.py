@@ -1,21 +1,24 @@
-"""Cross-iteration overlap: ``step()`` returns while gradients are still on the wire; each
-parameter's update is applied in the forward pre-hook of the first module that uses it in the
-next iteration, just before that module runs.
+"""Cross-iteration overlap: ``step()`` returns while gradients are still on the wire; the
+updates are applied in the next iteration's forward pass, group by group, just before the first
+module that needs each group's parameters.
 
 Timeline of one iteration (after the profiling steps):
     backward: hooks hand gradients to the engine, which launches the plan's backward blocks
     step():   the rest is launched; gradients are taken from ``p.grad`` (the engine owns them);
               hyper-parameters are snapshotted; for DeAR the first all-gather is released
-    forward:  pre-hook of module m: release the all-gathers up to the one m needs plus one
-              (look-ahead), wait for the blocks m's parameters are in, apply their update with
-              the user's optimizer restricted to them
+    forward:  pre-hook of a module that starts an update group (plan.update_groups, chosen by
+              the planner: plan/update_groups.py): release the all-gathers up to the one the
+              group needs plus one (look-ahead), wait for the group's last block, apply its
+              update with one call of the user's optimizer restricted to its parameters
     end of the root module's forward: wait for everything, apply what is left (parameters not
               used in this forward), and the engine is ready for the next backward
-During the profiling steps the same hooks record the forward order and each module's time.
+During the profiling steps every module has hooks that record the forward order and each
+module's time; once an overlap plan runs, only the modules that start a group keep one.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +26,9 @@ import torch
 from torch import nn
 
 from .. import _C
-from ..plan import Collective, Plan, Stage
+from ..plan import Plan, Stage, UpdateGroup
+from ..plan.update_groups import per_module_groups
+from ..sim.overlap import completing_blocks
 from .deferred import DeferredUpdates
 from .profiler import KEEP_ITERATIONS
 
@@ -56,6 +61,12 @@ class ModuleProfile:
         self._starts.clear()
 
 
+class HookMode(enum.Enum):
+    RECORDING = "recording"  # every module: forward order and times (profiling steps)
+    ACTIVE = "active"  # modules that start an update group, and the root's end of forward
+    OFF = "off"  # a synchronous plan runs (`auto` chose one)
+
+
 class OverlapRunner:
     def __init__(self, deferred: DeferredUpdates, model: nn.Module, params: list[torch.Tensor],
                  engine: EngineHandle) -> None:
@@ -65,23 +76,48 @@ class OverlapRunner:
         self._tid = {id(p): i for i, p in enumerate(params)}
         self.modules = ModuleProfile()
         self._named = dict(model.named_modules())
-        self._owned = {name: [self._tid[id(p)] for p in m.parameters(recurse=False) if id(p) in self._tid]
+        self._owned = {name: [self._tid[id(p)] for p in m.parameters(recurse=False)
+                              if id(p) in self._tid]
                        for name, m in self._named.items()}
-        self.active = False
-        self.recording = True  # module order and times, while no overlap plan is active
         self._update_us = 0
         self.open = False
         self._pending: set[int] = set()
         self._grads: dict[int, torch.Tensor] = {}
-        self._first_user: dict[str, list[int]] = {}
+        self._groups_at: dict[str, list[UpdateGroup]] = {}
         self._needs: dict[int, int] = {}
         self._gathers: list[int] = []
         self._released = 0
-        self._handles = []
-        for name, module in self._named.items():
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook_for(name)))
-            self._handles.append(module.register_forward_hook(self._post_hook_for(name)))
+        self._handles: list[Any] = []
         self._root_name = ""
+        self.mode = HookMode.OFF
+        self._set_mode(HookMode.RECORDING)
+
+    @property
+    def active(self) -> bool:
+        """Whether an overlap plan runs: step() leaves the updates to the next forward pass."""
+        return self.mode is HookMode.ACTIVE
+
+    @property
+    def recording(self) -> bool:
+        return self.mode is HookMode.RECORDING
+
+    def _set_mode(self, mode: HookMode) -> None:
+        """Registers only the hooks `mode` needs: under an overlap plan a module hook costs a
+        Python call per forward, so only the modules where a group starts get one."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.mode = mode
+        if mode is HookMode.RECORDING:
+            for name, module in self._named.items():
+                self._handles.append(module.register_forward_pre_hook(self._record_start(name)))
+                self._handles.append(module.register_forward_hook(self._record_end(name)))
+        elif mode is HookMode.ACTIVE:
+            for name in self._groups_at:
+                module = self._named[name]  # activate() mapped unknown names to the root
+                self._handles.append(module.register_forward_pre_hook(self._apply_groups(name)))
+            root = self._named[self._root_name]
+            self._handles.append(root.register_forward_hook(self._end_of_forward))
 
     # -- activation -------------------------------------------------------------------------
 
@@ -107,31 +143,26 @@ class OverlapRunner:
         return earliest
 
     def activate(self, plan: Plan) -> None:
-        """Maps each parameter to the first module (in observed forward order) that uses it, and
-        to the last plan position it has to wait for."""
-        first_user: dict[str, list[int]] = {}
-        for t, runner in self.first_users().items():
-            first_user.setdefault(runner, []).append(t)
-        self._first_user = {name: sorted(tids) for name, tids in first_user.items()}
-        completing = Collective.ALL_GATHER if any(b.op is Collective.ALL_GATHER for b in plan.blocks) \
-            else Collective.ALLREDUCE
-        self._needs = {}
-        for position, block in enumerate(plan.blocks):
-            if block.op is completing:
-                for piece in block.pieces:
-                    self._needs[piece.tensor_id] = position
+        """Installs the plan's update groups (one per first-user module when the plan has none)
+        and the hooks that apply them."""
+        self._needs = completing_blocks(plan)
+        groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
+                                                         self._needs)
+        self._groups_at = {}
+        for group in groups:
+            name = group.module if group.module in self._named else self._root_name
+            self._groups_at.setdefault(name, []).append(group)
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
-        self.active = True
+        self._set_mode(HookMode.ACTIVE)
 
     def restore(self, order: list[str], active: bool, recording: bool, plan: Plan) -> None:
         """Puts the runner where a checkpoint left it. The forward order decides in which
-        module's pre-hook each update runs; without it an activated runner would apply every
-        update before the first layer (correct, but no overlap)."""
+        module's pre-hook each update runs when the plan has no update groups."""
         self.modules.order = list(order)
         if active:
             self.activate(plan)
-        self.active = active
-        self.recording = recording
+        else:
+            self._set_mode(HookMode.RECORDING if recording else HookMode.OFF)
 
     def take_update_seconds(self) -> float:
         """Time spent applying updates since the last call (the profiler's step_s)."""
@@ -139,9 +170,8 @@ class OverlapRunner:
         return seconds
 
     def deactivate(self) -> None:
-        """A synchronous plan replaced the overlap one (`auto`): hooks stop doing anything."""
-        self.active = False
-        self.recording = False
+        """A synchronous plan replaced the overlap one (`auto`): no hooks are left."""
+        self._set_mode(HookMode.OFF)
 
     # -- step ---------------------------------------------------------------------------------
 
@@ -175,47 +205,51 @@ class OverlapRunner:
     def _apply(self, tids: list[int]) -> None:
         if not tids:
             return
+        params = [self._params[t] for t in tids]
         started = _C.now_us()
-        self._deferred.apply([self._params[t] for t in tids], [self._grads[t] for t in tids])
-        self._update_us += _C.now_us() - started
+        self._deferred.apply(params, [self._grads[t] for t in tids])
+        elapsed = _C.now_us() - started
+        self._update_us += elapsed
+        self._engine.profiler.note_update(sum(p.numel() * p.element_size() for p in params),
+                                          elapsed / 1e6)
         self._engine.span("update", started, tensors=len(tids))
         self._pending.difference_update(tids)
 
     # -- module hooks -------------------------------------------------------------------------
 
-    def _pre_hook_for(self, name: str):  # noqa: ANN202 - torch hook
+    def _record_start(self, name: str):  # noqa: ANN202 - torch hook
         def hook(module: nn.Module, args: Any) -> None:
-            if not self.active:
-                if self.recording:
-                    self.modules.start(name)
-                return
-            if not self.open:
-                return
-            tids = [t for t in self._first_user.get(name, ()) if t in self._pending]
-            if not tids:
-                return
-            need = max(self._needs[t] for t in tids)
-            if self._gathers:
-                self._release_through(self._gathers.index(need) + 1)
-            self._engine.wait_block(need)
-            self._apply(tids)
+            self.modules.start(name)
         return hook
 
-    def _post_hook_for(self, name: str):  # noqa: ANN202 - torch hook
+    def _record_end(self, name: str):  # noqa: ANN202 - torch hook
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not self.active:
-                if not self.recording:
-                    return
-                self.modules.end(name)
-                if name == self._root_name:
-                    self.modules.next_iteration()
-            elif name == self._root_name:
-                self.finish()
+            self.modules.end(name)
+            if name == self._root_name:
+                self.modules.next_iteration()
         return hook
+
+    def _apply_groups(self, name: str):  # noqa: ANN202 - torch hook
+        def hook(module: nn.Module, args: Any) -> None:
+            if not self.open:
+                return
+            for group in self._groups_at[name]:
+                tids = [t for t in group.tensor_ids if t in self._pending]
+                if not tids:
+                    continue
+                if self._gathers:
+                    self._release_through(self._gathers.index(group.wait_for) + 1)
+                self._engine.wait_block(group.wait_for)
+                self._apply(tids)
+        return hook
+
+    def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.finish()
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+        self._handles = []
 
 
 # Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.

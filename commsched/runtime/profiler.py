@@ -60,6 +60,9 @@ class Profiler:
     # the end of the previous step() to the first ready gradient: forward, loss, start of
     # backward) and "step_s" (the optimizer's own update).
     compute_samples: dict[str, list[float]] = field(default_factory=dict)
+    # (bytes, seconds) of single calls of the user's optimizer on a subset of the parameters:
+    # the overlap runner's group updates, and the split update of the profiling steps.
+    update_samples: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def collective_samples(self) -> list[tuple[int, float]]:
@@ -83,6 +86,19 @@ class Profiler:
         values = self.compute_samples.setdefault(kind, [])
         values.append(seconds)
         _keep_last(values, KEEP_ITERATIONS)
+
+    def note_update(self, nbytes: int, seconds: float) -> None:
+        self.update_samples.append((nbytes, seconds))
+        _keep_last(self.update_samples, KEEP_COLLECTIVE_SAMPLES)
+
+    def update_cost(self) -> NetModel | None:
+        """One optimizer call's cost as fixed (alpha) + per byte (beta); None until calls of at
+        least two sizes were timed (a plan with one group times one size only, so the window
+        keeps the profiling steps' samples rather than only the latest half)."""
+        samples = self.update_samples
+        if len({n for n, _ in samples}) < 2:
+            return None
+        return fit_alpha_beta(samples)
 
     def compute(self) -> dict[str, float]:
         """Median of the latest half of each compute sample (see `profile`)."""
@@ -149,6 +165,10 @@ def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size
         net = fit_alpha_beta(samples)
         collectives[op] = {"alpha_s": net.alpha, "beta_s_per_byte": net.beta,
                            "samples": [[n, t] for n, t in samples]}
+    compute = profiler.compute()
+    update = profiler.update_cost()
+    if update is not None:
+        compute.update({"update_fixed_s": update.alpha, "update_per_byte_s": update.beta})
     return {"schema_version": PROFILE_SCHEMA_VERSION, "world_size": world_size,
-            "iterations": profiler.iterations, "compute": profiler.compute(), "tensors": tensors,
+            "iterations": profiler.iterations, "compute": compute, "tensors": tensors,
             "modules": modules, "collectives": collectives}

@@ -15,8 +15,7 @@ DistributedOptimizer keeps Horovod's surface and delegates everything else here.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,15 +212,24 @@ class Session:
         self.engine.profiler.note("step_s", runner.take_update_seconds())
         self.clock.step_ended()
 
-    @contextlib.contextmanager
-    def timed_update(self) -> Iterator[None]:
-        """Around the user's own optimizer step (synchronous plans): its time for the profiler
-        and the timeline."""
+    def update(self, step: Callable[[], Any], closure: Any) -> Any:
+        """The user's optimizer step under a synchronous plan, timed for the profiler and the
+        timeline. While an overlap plan may follow (profiling steps with a runner), the same
+        update is made in two calls of different sizes instead, so that the profile can tell
+        an optimizer call's fixed cost from its cost per byte (the planner's update groups
+        trade the two)."""
         started = _C.now_us()
-        yield
+        samples = []
+        if closure is None and self.runner is not None and self.runner.recording:
+            samples = self.deferred.step_all_in_two_calls()
+        result = None if samples else step()
         self.clock.step_ended()
         self.engine.span("update", started)
-        self.engine.profiler.note("step_s", (self.clock.step_end_us - started) / 1e6)
+        profiler = self.engine.profiler
+        profiler.note("step_s", (self.clock.step_end_us - started) / 1e6)
+        for nbytes, seconds in samples:
+            profiler.note_update(nbytes, seconds)
+        return result
 
     def _end_iteration(self) -> None:
         self.set_passes(self.passes)

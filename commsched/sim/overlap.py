@@ -1,24 +1,33 @@
-"""Cross-iteration overlap (bytescheduler, prophet, dear), as commsched/overlap.py runs it.
+"""Cross-iteration overlap (bytescheduler, prophet, dear), as commsched/runtime/overlap.py runs
+it.
 
-step() launches what is left and returns at once. In the next forward pass, the pre-hook of
-module m (modules in profiled forward order, each taking its own forward time):
-  1. for DeAR plans releases the all-gathers up to one past the one m needs (step() released
-     the first), one block of look-ahead;
-  2. waits until the block that completes m's tensors (the last all-reduce holding a piece of
-     them, or their all-gather) is done;
-  3. applies their update: the optimizer's step_s times their share of all gradient bytes.
+step() launches what is left and returns at once. In the next forward pass (modules in profiled
+forward order, each taking its own forward time), the pre-hook of the module that starts an
+update group (plan.update_groups; without them, one group per module that first uses some
+parameter):
+  1. for DeAR plans releases the all-gathers up to one past the one the group needs (step()
+     released the first), one block of look-ahead;
+  2. waits until the group's last block (`wait_for`) is done;
+  3. applies the group's update: one optimizer call, fixed + per-byte cost (ComputeTimes.update).
 At the end of the forward (the root module's hook) every block is waited for and the updates of
 tensors no module claimed are applied. Then loss and the start of backward take what is left of
 before_first_ready_s after the forward, and the gradients follow at their ready times; the
 backward-stage blocks of this iteration run while the next forward runs.
+
+`with_update_groups` chooses a plan's groups (plan/update_groups.py) from the block completion
+times this simulation predicts.
 """
 
 from __future__ import annotations
 
-from ..plan import Collective, Plan
-from .channel import BlockTimes, Channel, SimEvent
+import dataclasses
+
+from ..plan import Collective, Plan, UpdateGroup
+from ..plan.update_groups import per_module_groups, plan_update_groups
+from .channel import BlockTimes, Channel, SimEvent, block_times
+from .network import Network
 from .profile import RunProfile
-from .timing import ComputeTimes
+from .timing import ComputeTimes, compute_times
 
 
 def completing_blocks(plan: Plan) -> dict[int, int]:
@@ -59,6 +68,14 @@ class _Forward:
             self.t += seconds
 
 
+def groups_of(run: RunProfile, plan: Plan, needs: dict[int, int]) -> tuple[UpdateGroup, ...]:
+    """The plan's update groups, or one per first-user module when it has none."""
+    if plan.update_groups:
+        return plan.update_groups
+    first_user = {t.tensor_id: t.module for t in run.tensors if t.module is not None}
+    return per_module_groups([m.name for m in run.modules], first_user, needs)
+
+
 def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: ComputeTimes,
                 iterations: int) -> tuple[list[float], list[SimEvent], Channel]:
     channel = Channel(plan, blocks.durations)
@@ -66,11 +83,10 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     gathers = blocks.forward
     gather_index = {pos: i for i, pos in enumerate(gathers)}
     nbytes = {t.tensor_id: t.nbytes for t in run.tensors}
-    all_bytes = max(run.total_bytes, 1)
-    by_module: dict[str | None, list[int]] = {}
-    for t in run.tensors:
-        if t.tensor_id in needs:
-            by_module.setdefault(t.module, []).append(t.tensor_id)
+    starting: dict[str, list[UpdateGroup]] = {}
+    for group in groups_of(run, plan, needs):
+        starting.setdefault(group.module, []).append(group)
+    grouped = {t for groups in starting.values() for g in groups for t in g.tensor_ids}
     last_ready = max(blocks.ready, default=0.0)
     rest = max(compute.before_first_ready_s - compute.forward_s, 0.0)
     starts = [0.0]
@@ -78,23 +94,22 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     for k in range(iterations):
         fwd = _Forward(starts[-1], channel, gathers)
         # The first overlapped iteration follows a synchronous step: nothing is pending.
-        pending = set(needs) if k > 0 else set()
-        if pending:
+        overlapped = k > 0
+        if overlapped:
             fwd.release_through(0)  # step() releases the first all-gather
         for name, own in compute.modules:
-            tids = [t for t in by_module.get(name, ()) if t in pending]
-            if tids:
-                need = max(needs[t] for t in tids)
-                if need in gather_index:
-                    fwd.release_through(gather_index[need] + 1)
-                fwd.wait_until(channel.done_at(need), name or "(root)")
-                fwd.busy(compute.step_s * sum(nbytes[t] for t in tids) / all_bytes, "update")
-                pending.difference_update(tids)
+            for group in starting.get(name, ()) if overlapped else ():
+                if group.wait_for in gather_index:
+                    fwd.release_through(gather_index[group.wait_for] + 1)
+                fwd.wait_until(channel.done_at(group.wait_for), name or "(root)")
+                fwd.busy(compute.update.time(sum(nbytes[t] for t in group.tensor_ids)), "update")
             fwd.busy(own, name or "(root)")
-        if k > 0:
+        if overlapped:
             fwd.release_through(len(gathers))
             fwd.wait_until(channel.all_done(), "end of forward")
-            fwd.busy(compute.step_s * sum(nbytes[t] for t in pending) / all_bytes, "update")
+            left = [t for t in needs if t not in grouped]
+            if left:
+                fwd.busy(compute.update.time(sum(nbytes[t] for t in left)), "update")
         fwd.busy(rest, "loss, backward start")
         first = fwd.t
         channel.reset()
@@ -106,3 +121,24 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
         events = fwd.events
         starts.append(fwd.t)  # step() returns at once: the next iteration starts here
     return starts, events, channel
+
+
+def with_update_groups(run: RunProfile, plan: Plan, net: Network) -> Plan:
+    """`plan` with the update groups that the profile says are fastest (see
+    plan/update_groups.py): block completion times from a simulation of the plan as it is
+    (its own groups, or one per module), the cost of an optimizer call from the profile.
+    Without module information (no model=) the plan is returned as it is."""
+    if not run.has_module_info or not plan.blocks:
+        return plan
+    blocks = block_times(run, plan, net)
+    compute = compute_times(run, with_modules=True)
+    starts, _, channel = run_overlap(run, plan, blocks, compute, iterations=3)
+    forward_start = starts[-1]
+    for pos in blocks.forward:  # the next forward's all-gathers, released as early as can be
+        channel.offer(pos, forward_start)
+    needs = completing_blocks(plan)
+    done_at = {t: max(channel.done_at(pos) - forward_start, 0.0) for t, pos in needs.items()}
+    first_user = {t.tensor_id: t.module for t in run.tensors if t.module is not None}
+    groups = plan_update_groups(compute.modules, first_user, needs, done_at,
+                                {t.tensor_id: t.nbytes for t in run.tensors}, compute.update)
+    return dataclasses.replace(plan, update_groups=groups)

@@ -72,6 +72,9 @@ class RunProfile:
     step_s: float | None = None
     collectives: dict[Collective, NetModel] = field(default_factory=dict)
     source: str = "profile"
+    # One call of the user's optimizer: fixed + per byte (fitted from timed update calls).
+    update_fixed_s: float | None = None
+    update_per_byte_s: float | None = None
 
     @property
     def has_module_info(self) -> bool:
@@ -231,7 +234,9 @@ def profile_from_document(doc: dict, source: str = "profile") -> RunProfile:
     return RunProfile(version, world, tuple(tensors), tuple(modules),
                       r.seconds(compute, "before_first_ready_s", "compute."),
                       r.seconds(compute, "step_s", "compute."),
-                      _collectives(r, doc.get("collectives")), source)
+                      _collectives(r, doc.get("collectives")), source,
+                      r.seconds(compute, "update_fixed_s", "compute."),
+                      r.seconds(compute, "update_per_byte_s", "compute."))
 
 
 def builtin_path(name: str) -> Path:

@@ -9,6 +9,7 @@ from typing import Any
 from ..config import Config, Policy, load_config
 from ..plan import NetModel, Plan, TensorSpec, make_plan
 from .network import Network
+from .overlap import with_update_groups
 from .profile import RunProfile, ready_profile, specs_from_profile
 from .simulator import Mode, SimResult, simulate
 
@@ -80,11 +81,15 @@ class PlanCache:
 
     def plan(self, policy: Policy, knobs: dict[str, int], net: Network) -> Plan:
         model = planner_model(net, self.base_cfg)
-        key = (policy.value, tuple(sorted(knobs.items())),
-               model if policy.value in NET_DEPENDENT else None)
+        # Overlap plans' update groups follow the network too (when blocks complete).
+        key: tuple[Any, ...] = (policy.value, tuple(sorted(knobs.items())),
+                                model if policy.value in NET_DEPENDENT else None,
+                                repr(net) if policy.overlaps_iterations else None)
         plan = self._plans.get(key)
         if plan is None:
             plan = make_plan(policy, self.specs, self.profile, model, self.config(policy, knobs))
+            if policy.overlaps_iterations:
+                plan = with_update_groups(self.run, plan, net)
             self._plans[key] = plan
         return plan
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..plan.update_groups import UpdateCost
 from .profile import RunProfile
 
 
@@ -26,6 +27,7 @@ class ComputeTimes:
     step_s: float  # the wrapped optimizer's whole update
     modules: tuple[tuple[str, float], ...]  # forward order: (name, own forward time)
     notes: list[str] = field(default_factory=list)
+    update: UpdateCost = UpdateCost()  # one call of the optimizer under an overlap plan
 
     @property
     def forward_s(self) -> float:
@@ -74,4 +76,16 @@ def compute_times(run: RunProfile, with_modules: bool) -> ComputeTimes:
     if step is None:
         step = 0.0
         notes.append("compute.step_s missing: the optimizer update counts 0 s")
-    return ComputeTimes(before, step, modules, notes)
+    update = update_cost(run, step, notes if with_modules else [])
+    return ComputeTimes(before, step, modules, notes, update)
+
+
+def update_cost(run: RunProfile, step_s: float, notes: list[str]) -> UpdateCost:
+    """The profile's fitted cost of one optimizer call; without it, the whole update's time
+    shared by bytes (no fixed cost: an older profile, or one without timed update calls)."""
+    if run.update_fixed_s is not None and run.update_per_byte_s is not None:
+        return UpdateCost(run.update_fixed_s, run.update_per_byte_s)
+    if step_s > 0:
+        notes.append("compute.update_fixed_s missing: each update call costs its share of "
+                     "step_s by bytes, with no fixed cost")
+    return UpdateCost(0.0, step_s / max(run.total_bytes, 1))

@@ -43,8 +43,9 @@ def _auto_job(with_model: bool) -> dict:
         opt.zero_grad()
         model(_batch(step, rank)).square().mean().backward()
         opt.step()
-    opt.flush()  # type: ignore[attr-defined]
-    return {"summary": opt.auto.summary(), "fingerprint": opt.plan.fingerprint,  # type: ignore[attr-defined]
+    opt.flush()
+    assert opt.auto is not None  # policy 'auto' keeps its state
+    return {"summary": opt.auto.summary(), "fingerprint": opt.plan.fingerprint,
             "params": [p.detach().clone() for p in model.parameters()]}
 
 

@@ -46,7 +46,7 @@ def _train(policy: str, path: str, resume: bool) -> dict:
                                torch.randn(8, 2, generator=gen)).backward()
         out["plans"].append((opt.plan.policy, opt.plan.fingerprint))  # the plan this step ran
         opt.step()
-    opt.flush()  # type: ignore[attr-defined]
+    opt.flush()
     out["params"] = [p.detach().clone() for p in model.parameters()]
     return out
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from helpers import distributed_test
 
 
@@ -12,7 +15,7 @@ def _mismatch_job() -> dict:
 
     rank = commsched.init().rank
     out = {}
-    cases = {
+    cases: dict[str, tuple[Callable[[], torch.nn.Module], dict[str, Any]]] = {
         "shape": (lambda: torch.nn.Linear(4, 3 if rank == 0 else 5), {}),
         "policy": (lambda: torch.nn.Linear(4, 3), {"policy": "horovod" if rank == 0 else "ddp"}),
         "knob": (lambda: torch.nn.Linear(4, 3), {"fusion_threshold": 1000 + rank}),

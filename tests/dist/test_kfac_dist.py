@@ -4,6 +4,8 @@ every rank and the factor plan is re-built by the mgwfbp rule after the profilin
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from helpers import distributed_test
@@ -25,7 +27,7 @@ def _batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randint(0, 5, (size,), generator=gen)
 
 
-KWARGS = {
+KWARGS: dict[str, dict[str, Any]] = {
     "pipelined-lpt-eigen": {"compute_method": "eigen", "placement": "lpt", "symmetric": False},
     "unpipelined-rr-inverse": {"compute_method": "inverse", "placement": "round_robin",
                                "pipelined": False},
@@ -39,8 +41,9 @@ def _train(variant: str, world: int, rank: int, distributed: bool) -> dict:
     torch.set_num_threads(1)
     model = _model()
     base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    opt = (commsched.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                          policy="horovod") if distributed else base)
+    wrapped = (commsched.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                              policy="horovod") if distributed else None)
+    opt = base if wrapped is None else wrapped
     precond = KFACPreconditioner(model, inv_update_steps=2, damping=0.01, local_threshold=12,
                                  profile_steps=2, **KWARGS[variant])
     for step in range(STEPS):
@@ -49,11 +52,11 @@ def _train(variant: str, world: int, rank: int, distributed: bool) -> dict:
             x, y = x[rank * PER_RANK:(rank + 1) * PER_RANK], y[rank * PER_RANK:(rank + 1) * PER_RANK]
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
-        if distributed:
-            opt.synchronize()  # type: ignore[attr-defined]
+        if wrapped is not None:
+            wrapped.synchronize()
             precond.step()
-            with opt.skip_synchronize():  # type: ignore[attr-defined]
-                opt.step()
+            with wrapped.skip_synchronize():
+                wrapped.step()
         else:
             precond.step()
             opt.step()
@@ -173,12 +176,16 @@ def _skipping(decay: float) -> dict:
             if step == 1:  # rank 0 alone computes the head's A factor this step
                 with torch.no_grad():
                     own = fx.a_factor(head, body(x))
-                expected = decay * precond.layers[1].a + (1 - decay) * own
+                before = precond.layers[1].a
+                assert own is not None and before is not None  # step 0 ran the head everywhere
+                expected = decay * before + (1 - decay) * own
             head(body(x)).square().sum().backward()
         opt.synchronize()
         precond.step()
         if step == 1:
-            got = precond.layers[1].a.clone()
+            after = precond.layers[1].a
+            assert after is not None
+            got = after.clone()
         with opt.skip_synchronize():
             opt.step()
     out = {"head_a": got, "expected": expected, "params": [p.detach().clone() for p in model.parameters()]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 from helpers import distributed_test
@@ -12,7 +13,7 @@ from helpers import distributed_test
 from commsched.reporting import analysis, command
 
 STEPS = 8
-POLICIES = {"horovod": {}, "bytescheduler": {"partition_bytes": 32 * 1024}}
+POLICIES: dict[str, dict[str, Any]] = {"horovod": {}, "bytescheduler": {"partition_bytes": 32 * 1024}}
 
 
 def _train(run_root: str) -> dict:

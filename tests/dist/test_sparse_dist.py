@@ -43,6 +43,7 @@ def _train(policy: str, sparse_as_dense: bool, rank: int) -> tuple[list[torch.Te
         if policy == "horovod":
             opt.synchronize()
             grad = model.embed.weight.grad
+            assert grad is not None  # synchronize() gives every rank the reduced gradient
             seen.append((grad.is_sparse, grad._nnz() if grad.is_sparse else None))
             with opt.skip_synchronize():
                 opt.step()

@@ -46,7 +46,7 @@ def _reference(world: int, variant: str) -> list[torch.Tensor]:
     for step in range(STEPS):
         per_rank = [_grads(model, step, r) for r in range(world)]
         for i, p in enumerate(model.parameters()):
-            total = sum(g[i] for g in per_rank)
+            total = sum((g[i] for g in per_rank), torch.zeros_like(p))
             p.grad = total if variant == "sum" else total / world
         opt.step()
     return [p.detach() for p in model.parameters()]

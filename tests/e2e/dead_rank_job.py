@@ -17,13 +17,14 @@ def main() -> int:
     torch.set_num_threads(1)
     rank = commsched.init().rank
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    first = nn.Linear(16, 32)
+    model = nn.Sequential(first, nn.ReLU(), nn.Linear(32, 4))
     opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(), model=model,
                                          policy=policy, profile_steps=2, timeout=20)
     at = {"step": 0}
     if rank == 1:
-        model[0].weight.register_hook(lambda g: os._exit(3) if at["step"] >= 4 else None)
+        first.weight.register_hook(lambda g: os._exit(3) if at["step"] >= 4 else None)
     for step in range(8):
         at["step"] = step
         opt.zero_grad()

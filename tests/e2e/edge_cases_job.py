@@ -13,7 +13,9 @@ the optimizer then applies with momentum 0 (that parameter group) to a sparse gr
 
 from __future__ import annotations
 
+import functools
 import sys
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -24,7 +26,7 @@ import commsched
 
 STEPS = 6
 POLICIES = ["horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto"]
-KNOBS = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512, "credit_bytes": 1024}
+KNOBS: dict[str, Any] = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512, "credit_bytes": 1024}
 
 
 class EdgeNet(nn.Module):
@@ -39,7 +41,8 @@ class EdgeNet(nn.Module):
         weight = torch.randn(8, 36)
         self.transposed = nn.Parameter(weight.t() if strided else weight.t().contiguous())
         if strided:
-            self.conv.to(memory_format=torch.channels_last)
+            # Module.to takes memory_format at run time; torch's overloads leave it out.
+            self.conv.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.lin_fp16 = nn.Linear(8, 8).half()
         self.lin_fp64 = nn.Linear(8, 8).double()
         self.sometimes = nn.Linear(8, 8)
@@ -64,7 +67,7 @@ def data(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             torch.randint(0, 3, (4,), generator=gen))
 
 
-def build(seed: int, strided: bool) -> nn.Module:
+def build(seed: int, strided: bool) -> EdgeNet:
     torch.manual_seed(seed)
     return EdgeNet(strided)
 
@@ -80,19 +83,20 @@ def zero_grad(opt: torch.optim.Optimizer, model: nn.Module, set_to_none: bool) -
                 p.grad.detach_().zero_()
 
 
-def sgd(model: nn.Module, sparse_as_dense: bool) -> torch.optim.Optimizer:
+def sgd(model: EdgeNet, sparse_as_dense: bool) -> torch.optim.Optimizer:
     if sparse_as_dense:
         return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # A sparse gradient goes to the optimizer: its parameter group takes plain SGD.
     rest = [p for name, p in model.named_parameters() if not name.startswith("embed.")]
-    return torch.optim.SGD([{"params": [model.embed.weight], "momentum": 0.0}, {"params": rest}],
-                           lr=0.05, momentum=0.9)
+    groups: list[dict[str, Any]] = [{"params": [model.embed.weight], "momentum": 0.0},
+                                    {"params": rest}]
+    return torch.optim.SGD(groups, lr=0.05, momentum=0.9)
 
 
 SPARSE_AS_DENSE = (True, False)  # per model
 
 
-def train(wrap, strided: bool) -> list[nn.Module]:  # noqa: ANN001 - a factory of wrappers
+def train(wrap, strided: bool) -> list[EdgeNet]:  # noqa: ANN001 - a factory of wrappers
     models = [build(1, strided), build(2, strided)]  # two models, two wrappers, one process
     opts = [wrap(sgd(m, dense), m, dense) for m, dense in zip(models, SPARSE_AS_DENSE, strict=True)]
     for step in range(STEPS):
@@ -119,19 +123,19 @@ def compare(policy: str) -> dict:
     ok = True
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         for (name, a), (_, b) in zip(got.named_parameters(), want.named_parameters(), strict=True):
-            a, b = a.detach().float(), b.detach().float()
-            diffs[f"model{index}.{name}"] = float((a - b).abs().max()) if a.numel() else 0.0
+            fa, fb = a.detach().float(), b.detach().float()
+            diffs[f"model{index}.{name}"] = float((fa - fb).abs().max()) if fa.numel() else 0.0
             tol = (1e-2, 1e-2) if name.startswith("lin_fp16") else (1e-5, 1e-6)
-            ok &= torch.allclose(a, b, rtol=tol[0], atol=tol[1])
+            ok &= torch.allclose(fa, fb, rtol=tol[0], atol=tol[1])
     return {"ok": bool(ok), "max_diff": max(diffs.values()), "diffs": diffs}
 
 
 def main() -> None:
     torch.set_num_threads(1)
     commsched.init()
-    results: dict = {}
+    results: dict[str, Any] = {}
     for policy in POLICIES:
-        run_case(results, policy, lambda p=policy: compare(p))
+        run_case(results, policy, functools.partial(compare, policy))
     gather_and_write(results, sys.argv[1], "edge.results")
     commsched.shutdown()
 

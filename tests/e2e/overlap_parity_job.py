@@ -5,10 +5,12 @@ steps, and evaluation under torch.no_grad() every 5 steps. Writes results to arg
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import sys
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -16,12 +18,13 @@ from job_results import gather_and_write, run_case
 from torch import nn
 
 import commsched
+from commsched.optimizer import _DistributedOptimizer
 
 STEPS = 20
 POLICIES = ["bytescheduler", "prophet", "dear"]
 CONFIGS = (list(itertools.product(POLICIES, ["sgd", "adam", "adamw_steplr"], [1]))
            + list(itertools.product(POLICIES, ["sgd"], [2])))
-KNOBS = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512, "credit_bytes": 1024}
+KNOBS: dict[str, Any] = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512, "credit_bytes": 1024}
 
 
 def config_key(policy: str, kind: str, bpps: int) -> str:
@@ -72,7 +75,7 @@ def tokens(step: int, micro: int, rank: int) -> torch.Tensor:
 EVAL = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(12345))
 
 
-def train(wrap, kind: str, bpps: int) -> tuple[nn.Module, list[torch.Tensor], object]:
+def train(wrap, kind: str, bpps: int) -> tuple[nn.Module, list[torch.Tensor], Any]:
     torch.manual_seed(11)
     model = TiedNet()
     base, make_sched = make_optimizer(kind, model)
@@ -101,6 +104,7 @@ def compare(policy: str, kind: str, bpps: int) -> dict:
         lambda opt, model: commsched.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(), model=model, policy=policy,
             backward_passes_per_step=bpps, **KNOBS), kind, bpps)
+    assert isinstance(opt, _DistributedOptimizer)
     overlapped = opt.session.defers_updates
     opt.flush()
     state_ok = len(opt.state_dict()["state"]) == len(list(actual.parameters()))
@@ -124,12 +128,12 @@ def main() -> None:
 
         faulthandler.dump_traceback_later(float(os.environ["OVERLAP_DUMP_AFTER"]), exit=True)
     commsched.init()
-    results = {}
+    results: dict[str, Any] = {}
     only = os.environ.get("OVERLAP_ONLY")  # debugging: run one configuration
     for config in CONFIGS:
         if only and config_key(*config) not in only.split(","):
             continue
-        run_case(results, config_key(*config), lambda c=config: compare(*c))
+        run_case(results, config_key(*config), functools.partial(compare, *config))
         # Per-rank progress survives a failure of the final gather.
         with open(f"{sys.argv[1]}.rank{hvd.rank()}", "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1)

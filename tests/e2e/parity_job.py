@@ -7,8 +7,10 @@ Many configurations share one launch because spawning ranks costs seconds.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -108,9 +110,9 @@ PARITY_KEYS = [config_key(*c) for c in CONFIGS]
 def main() -> None:
     torch.set_num_threads(1)
     commsched.init()
-    results = {}
+    results: dict[str, Any] = {}
     for config in CONFIGS:
-        run_case(results, config_key(*config), lambda c=config: compare(*c))
+        run_case(results, config_key(*config), functools.partial(compare, *config))
     # Negative control: summing instead of averaging must be detected as a mismatch.
     run_case(results, "control-sum-vs-average",
              lambda: compare("horovod", "sgd", 1, "none", op=commsched.Sum))

@@ -32,7 +32,8 @@ def reference(world: int, steps: int) -> list[torch.Tensor]:
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for step in range(steps):
         opt.zero_grad()
-        (sum(loss_of(model, step, r) for r in range(world)) / world).backward()
+        total = sum((loss_of(model, step, r) for r in range(world)), torch.zeros(()))
+        (total / world).backward()
         opt.step()
     return [p.detach() for p in model.parameters()]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ DAMPING = 0.05
 
 def _patches(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     """Rows of input patches by explicit slicing (independent of F.unfold)."""
+    assert not isinstance(conv.padding, str)  # numeric padding ("same" is not used here)
     (kh, kw), (sh, sw), (ph, pw) = conv.kernel_size, conv.stride, conv.padding
     padded = nn.functional.pad(x, (pw, pw, ph, ph))
     out_h = (padded.shape[2] - kh) // sh + 1
@@ -32,12 +34,35 @@ def _patches(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str) -> dict:
+def _outer_sum(rows: torch.Tensor) -> torch.Tensor:
+    """The sum of r r^T over the rows r, one outer product at a time."""
+    total = torch.zeros(rows.shape[1], rows.shape[1], dtype=rows.dtype)
+    for r in rows:
+        total = total + torch.outer(r, r)
+    return total
+
+
+def _present(tensor: torch.Tensor | None) -> torch.Tensor:
+    """A gradient or factor that must exist by now."""
+    assert tensor is not None
+    return tensor
+
+
+def _linear(net: nn.Sequential, index: int) -> nn.Linear:
+    layer = net[index]
+    assert isinstance(layer, nn.Linear)
+    return layer
+
+
+def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+               method: str) -> dict[nn.Module, torch.Tensor]:
     """Per layer: solve (G (x) A + damping) vec(P) = vec(M) (eigen) or (G + sqrt(d) I) (x)
     (A + sqrt(d) I) vec(P) = vec(M) (inverse), with A, G from per-row outer products."""
-    inputs, outputs = {}, {}
+    inputs: dict[nn.Linear | nn.Conv2d, torch.Tensor] = {}
+    outputs: dict[nn.Module, torch.Tensor] = {}
 
     def keep(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        assert isinstance(module, nn.Linear | nn.Conv2d)
         inputs[module] = args[0]
         output.retain_grad()
         outputs[module] = output
@@ -47,9 +72,9 @@ def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str) 
     nn.functional.cross_entropy(model(x), y).backward()
     for h in hooks:
         h.remove()
-    result = {}
+    result: dict[nn.Module, torch.Tensor] = {}
     for module, inp in inputs.items():
-        grad_out = outputs[module].grad
+        grad_out = _present(outputs[module].grad)
         batch = inp.shape[0]
         if isinstance(module, nn.Conv2d):
             a_rows = _patches(inp, module)
@@ -58,11 +83,11 @@ def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str) 
             a_rows, g_rows = inp, grad_out * batch
         if module.bias is not None:
             a_rows = torch.cat([a_rows, torch.ones(a_rows.shape[0], 1, dtype=a_rows.dtype)], 1)
-        a = sum(torch.outer(r, r) for r in a_rows) / a_rows.shape[0]
-        g = sum(torch.outer(r, r) for r in g_rows) / batch  # summed over positions (KFC)
-        m = module.weight.grad.reshape(module.weight.shape[0], -1)
+        a = _outer_sum(a_rows) / a_rows.shape[0]
+        g = _outer_sum(g_rows) / batch  # summed over positions (KFC)
+        m = _present(module.weight.grad).reshape(module.weight.shape[0], -1)
         if module.bias is not None:
-            m = torch.cat([m, module.bias.grad.reshape(-1, 1)], 1)
+            m = torch.cat([m, _present(module.bias.grad).reshape(-1, 1)], 1)
         if method == "eigen":
             system = torch.kron(g, a) + DAMPING * torch.eye(g.shape[0] * a.shape[0], dtype=a.dtype)
         else:
@@ -73,7 +98,7 @@ def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str) 
     return result
 
 
-def _model() -> nn.Module:
+def _model() -> nn.Sequential:
     torch.manual_seed(3)
     return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1, stride=2), nn.Tanh(),
                          nn.Conv2d(3, 4, 2, bias=False), nn.Flatten(), nn.Linear(4 * 2 * 2, 6),
@@ -82,17 +107,19 @@ def _model() -> nn.Module:
 
 def _data(n: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(5)
-    return torch.randn(n, 2, 6, 6, generator=gen, dtype=torch.float64), torch.randint(0, 3, (n,), generator=gen)
+    return (torch.randn(n, 2, 6, 6, generator=gen, dtype=torch.float64),
+            torch.randint(0, 3, (n,), generator=gen))
 
 
-def _preconditioned(model: nn.Module, method: str, **kwargs) -> tuple[KFACPreconditioner, dict]:
+def _preconditioned(model: nn.Module, method: str,
+                    **kwargs: Any) -> tuple[KFACPreconditioner, dict[nn.Module, torch.Tensor]]:
     x, y = _data()
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, compute_method=method,
                                  local_threshold=0, **kwargs)
     model.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     precond.step()
-    return precond, {m: fx.gradient_matrix(m) for m in model.modules()
+    return precond, {m: _present(fx.gradient_matrix(m)) for m in model.modules()
                      if isinstance(m, (nn.Linear, nn.Conv2d))}
 
 
@@ -112,7 +139,7 @@ def test_preconditioning_changes_the_gradient() -> None:
     model = _model()
     x, y = _data()
     nn.functional.cross_entropy(model(x), y).backward()
-    plain = fx.gradient_matrix(model[4])
+    plain = _present(fx.gradient_matrix(model[4]))
     _, got = _preconditioned(_model(), "eigen")
     assert not torch.allclose(got[list(got)[2]], plain, rtol=1e-2)
 
@@ -126,14 +153,15 @@ def test_kl_clip_scales_every_layer_by_one_factor() -> None:
                                  local_threshold=0)
     nn.functional.cross_entropy(model(x), y).backward()
     new_modules = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    raw = [fx.gradient_matrix(m).clone() for m in new_modules]
+    raw = [_present(fx.gradient_matrix(m)).clone() for m in new_modules]
     precond.step()
     vg = sum(float((unclipped[m] * g).sum()) for m, g in zip(unclipped, raw, strict=True)) * lr ** 2
     expected = min(1.0, math.sqrt(kl_clip / abs(vg)))
     assert expected < 1.0  # the case must actually clip
     assert precond.last_scale == pytest.approx(expected, rel=1e-9)
     for old, new in zip(unclipped, new_modules, strict=True):
-        assert torch.allclose(fx.gradient_matrix(new), unclipped[old] * expected, rtol=1e-8)
+        assert torch.allclose(_present(fx.gradient_matrix(new)), unclipped[old] * expected,
+                              rtol=1e-8)
 
 
 def _train(precond_kwargs: dict, steps: range, state: dict | None = None) -> tuple:
@@ -236,13 +264,15 @@ def test_half_precision_layers_get_single_precision_factors() -> None:
     directions = []
     for net in (model, half):
         precond = KFACPreconditioner(net, damping=DAMPING, kl_clip=None, local_threshold=0)
-        net(x.to(net[0].weight.dtype)).float().square().mean().backward()
+        net(x.to(_linear(net, 0).weight.dtype)).float().square().mean().backward()
         precond.step()
         assert precond.layers[0].a is not None and precond.layers[0].a.dtype == torch.float32
-        directions.append(net[0].weight.grad.float())
+        directions.append(_present(_linear(net, 0).weight.grad).float())
         precond.shutdown()
-    assert directions[1].dtype == torch.float32 and half[0].weight.grad.dtype == torch.bfloat16
-    assert torch.allclose(directions[0], directions[1], rtol=0.05, atol=0.05 * float(directions[0].abs().max()))
+    assert directions[1].dtype == torch.float32
+    assert _present(_linear(half, 0).weight.grad).dtype == torch.bfloat16
+    assert torch.allclose(directions[0], directions[1], rtol=0.05,
+                          atol=0.05 * float(directions[0].abs().max()))
 
 
 def _solve(a: torch.Tensor, g: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -258,8 +288,8 @@ def test_running_averages_and_update_intervals_match_reference() -> None:
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, factor_decay=decay,
                                  inv_update_steps=2, local_threshold=0)
     layer = model[2]
-    running: tuple | None = None
-    decomposed = None
+    running: tuple[torch.Tensor, torch.Tensor] | None = None
+    decomposed: tuple[torch.Tensor, torch.Tensor] | None = None
     for step in range(3):
         gen = torch.Generator().manual_seed(step)
         x = torch.randn(6, 3, generator=gen, dtype=torch.float64)
@@ -270,16 +300,19 @@ def test_running_averages_and_update_intervals_match_reference() -> None:
         out.retain_grad()
         out.square().sum().div(6).backward()
         rows_a = torch.cat([hidden.detach(), torch.ones(6, 1, dtype=torch.float64)], 1)
-        rows_g = out.grad * 6
+        rows_g = _present(out.grad) * 6
         new = (rows_a.t() @ rows_a / 6, rows_g.t() @ rows_g / 6)
-        running = new if running is None else tuple(decay * o + (1 - decay) * n
-                                                    for o, n in zip(running, new, strict=True))
+        if running is not None:
+            new = (decay * running[0] + (1 - decay) * new[0],
+                   decay * running[1] + (1 - decay) * new[1])
+        running = new
         if step % 2 == 0:
             decomposed = running
-        m = fx.gradient_matrix(layer).clone()
+        m = _present(fx.gradient_matrix(layer)).clone()
         precond.step()
         assert decomposed is not None
-        assert torch.allclose(fx.gradient_matrix(layer), _solve(*decomposed, m), rtol=1e-8), step
+        assert torch.allclose(_present(fx.gradient_matrix(layer)), _solve(*decomposed, m),
+                              rtol=1e-8), step
     precond.shutdown()
 
 
@@ -304,11 +337,12 @@ def test_layer_that_did_not_run_keeps_its_factors() -> None:
     x = torch.randn(5, 3, dtype=torch.float64)
     head(body(x)).sum().backward()
     precond.step()
-    before = [t.clone() for t in (precond.layers[1].a, precond.layers[1].g)]
+    before = [_present(t).clone() for t in (precond.layers[1].a, precond.layers[1].g)]
     model.zero_grad()
     body(x).sum().backward()  # the head does not run
     precond.step()
-    assert torch.equal(precond.layers[1].a, before[0]) and torch.equal(precond.layers[1].g, before[1])
+    assert torch.equal(_present(precond.layers[1].a), before[0])
+    assert torch.equal(_present(precond.layers[1].g), before[1])
     precond.shutdown()
 
 
@@ -321,7 +355,8 @@ def test_autocast_checkpointing_and_grad_scaler() -> None:
     plain = KFACPreconditioner(model, kl_clip=None, local_threshold=0)
     model(x).square().mean().backward()
     plain.step()
-    reference = (plain.layers[1].a.clone(), plain.layers[1].g.clone(), model[2].weight.grad.clone())
+    reference = (_present(plain.layers[1].a).clone(), _present(plain.layers[1].g).clone(),
+                 _present(_linear(model, 2).weight.grad).clone())
     plain.shutdown()
 
     model.zero_grad()
@@ -329,8 +364,9 @@ def test_autocast_checkpointing_and_grad_scaler() -> None:
     out = checkpoint(model, x, use_reentrant=False)  # recomputes every forward in backward
     (out.square().mean() * 512).backward()
     again.step()
-    assert torch.allclose(again.layers[1].a, reference[0]) and torch.allclose(again.layers[1].g, reference[1])
-    assert torch.allclose(model[2].weight.grad, reference[2] * 512, rtol=1e-4)
+    assert torch.allclose(_present(again.layers[1].a), reference[0])
+    assert torch.allclose(_present(again.layers[1].g), reference[1])
+    assert torch.allclose(_present(_linear(model, 2).weight.grad), reference[2] * 512, rtol=1e-4)
     again.shutdown()
 
     model.zero_grad()
@@ -339,7 +375,8 @@ def test_autocast_checkpointing_and_grad_scaler() -> None:
         loss = model(x).float().square().mean()
     loss.backward()
     mixed.step()
-    assert mixed.layers[0].a.dtype == torch.float32 and torch.isfinite(model[0].weight.grad).all()
+    assert _present(mixed.layers[0].a).dtype == torch.float32
+    assert torch.isfinite(_present(_linear(model, 0).weight.grad)).all()
     mixed.shutdown()
 
 
@@ -349,7 +386,7 @@ def test_interval_callables_are_checked_when_called() -> None:
         precond.step()
     precond.shutdown()
     with pytest.raises(ValueError, match="inv_update_steps must be an integer"):
-        KFACPreconditioner(_model(), inv_update_steps=2.5)
+        KFACPreconditioner(_model(), inv_update_steps=2.5)  # type: ignore[arg-type]  # on purpose
 
 
 def test_upper_triangle_round_trip() -> None:

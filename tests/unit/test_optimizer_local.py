@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import commsched
+from commsched.optimizer import _DistributedOptimizer as Wrapped
 
 
 @pytest.fixture
@@ -17,7 +19,7 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
 
 
-def wrap(model: nn.Module, **kw) -> torch.optim.Optimizer:
+def wrap(model: nn.Module, **kw: Any) -> Wrapped:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     kw.setdefault("named_parameters", model.named_parameters())
     return commsched.DistributedOptimizer(opt, **kw)
@@ -132,7 +134,7 @@ def test_sparse_gradients_need_sparse_as_dense() -> None:
                                          sparse_as_dense=True)
     emb2(torch.tensor([1, 2])).sum().backward()
     opt.step()
-    assert not emb2.weight.grad.is_sparse
+    assert emb2.weight.grad is not None and not emb2.weight.grad.is_sparse
 
 
 def test_scheduler_made_before_wrapping_still_goes_through_commsched(model) -> None:

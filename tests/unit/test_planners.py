@@ -205,11 +205,12 @@ def test_decoupled_profiling_alternates_by_size() -> None:
     # Two large and two small tensors: each collective must be timed on a large one.
     specs = specs_of([1000, 800, 2, 3])
     plan = make_profiling_plan(specs, Profile(), Policy.AUTO)
-    ops_of = {}
+    ops_of: dict[int, set[Collective]] = {}
     for block in plan.blocks:
         for piece in block.pieces:
             ops_of.setdefault(piece.tensor_id, set()).add(block.op)
     assert ops_of[0] == {Collective.ALLREDUCE}
     assert ops_of[1] == {Collective.REDUCE_SCATTER, Collective.ALL_GATHER}
     assert {frozenset(ops_of[2]), frozenset(ops_of[3])} == \
-        {frozenset({Collective.ALLREDUCE}), frozenset({Collective.REDUCE_SCATTER, Collective.ALL_GATHER})}
+        {frozenset({Collective.ALLREDUCE}),
+         frozenset({Collective.REDUCE_SCATTER, Collective.ALL_GATHER})}
