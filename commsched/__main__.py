@@ -1,10 +1,12 @@
-"""`python -m commsched simulate ...` (what-if simulator) and `python -m commsched report RUN_DIR`."""
+"""`python -m commsched simulate ...` (what-if simulator) and
+`python -m commsched report RUN_DIR`."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m commsched {simulate,report} [options]  (--help after a command for its options)"
+USAGE = ("usage: python -m commsched {simulate,report} [options]  "
+         "(--help after a command for its options)")
 
 
 def main(argv: list[str] | None = None) -> int:

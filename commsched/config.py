@@ -240,7 +240,8 @@ def load_config(overrides: Mapping[str, Any] | None = None,
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key in overrides:
         if key not in KNOBS_BY_KEY:
-            raise ConfigError(f"unknown keyword argument {key!r}; known: " + ", ".join(KNOBS_BY_KEY))
+            raise ConfigError(f"unknown keyword argument {key!r}; known: "
+                              + ", ".join(KNOBS_BY_KEY))
     known_env = {k.env for k in KNOBS} | {CONFIG_ENV}
     for name in env:
         if name.startswith(ENV_PREFIX) and name not in known_env:

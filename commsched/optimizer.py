@@ -125,7 +125,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.session.set_passes(passes)
 
 
-def DistributedOptimizer(  # noqa: N802 - Horovod's name
+def DistributedOptimizer(  # Horovod's name: called like a class
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
         compression: Any = Compression.none,

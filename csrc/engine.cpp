@@ -22,12 +22,14 @@ Engine::Engine(std::shared_ptr<Transport> transport, std::vector<std::string> te
       timeout_ms_(timeout_ms) {
   TORCH_CHECK(transport_, "commsched: Engine needs a transport");
   world_size_ = transport_->world_size();
+  local_ = dynamic_cast<LocalTransport*>(transport_.get()) != nullptr;
   TORCH_CHECK(timeout_ms_ > 0, "commsched: timeout must be positive, got ", timeout_ms_, " ms");
   const auto n = tensor_names_.size();
   tensor_blocks_.assign(n, {});
   grads_.assign(n, at::Tensor());
   ready_events_.assign(n, nullptr);
   ready_us_.assign(n, -1);
+  if (local_) return;  // Note [A world of one]: blocks complete in the caller's thread
   engine_thread_ = std::thread([this] { engine_loop(); });
   completion_thread_ = std::thread([this] { completion_loop(); });
 }
@@ -115,7 +117,8 @@ void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
     TORCH_CHECK(ready_us_[tensor_id] < 0, "commsched: gradient of '", tensor_names_[tensor_id],
                 "' was marked ready twice in one iteration");
     grads_[tensor_id] = grad;
-    ready_events_[tensor_id] = DeviceSync::record_ready(grad);
+    // Nothing reads the gradient on another stream in a world of one.
+    if (!local_) ready_events_[tensor_id] = DeviceSync::record_ready(grad);
     ready_us_[tensor_id] = ts;
     for (auto pos : tensor_blocks_[tensor_id]) {
       if (--block_pending_[pos] == 0) {
@@ -124,8 +127,36 @@ void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
       }
     }
   }
-  timeline_.instant("ready:" + tensor_names_[tensor_id], 0, ts);
+  // Events only when a timeline is written: this runs once per gradient.
+  if (timeline_.enabled()) timeline_.instant("ready:" + tensor_names_[tensor_id], 0, ts);
   for (auto pos : now_ready) ready_queue_.push(pos);
+  if (local_ && !now_ready.empty()) complete_local();
+}
+
+// Note [A world of one]
+// With no peer there is nothing to reduce: every collective would leave the gradient as it is
+// (Horovod's optimizer does nothing at size 1 either: no compression, no pre/post-scaling). So
+// a local engine starts no threads, packs nothing and launches nothing: a block completes in
+// the caller's thread as soon as it is ready and every block before it has completed (plan
+// order still holds), with its timings recorded for the profiler. What is left of the engine's
+// cost is the bookkeeping of mark_ready. local_mu_ serialises callers: one drains what another
+// made ready, so no ready block is left behind in the queue.
+void Engine::complete_local() {
+  std::lock_guard<std::mutex> drain(local_mu_);
+  int64_t position = -1;
+  while (ready_queue_.try_pop_expected(next_launch_.load(), &position)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = now_us();
+    int64_t bytes = 0;
+    for (const auto& piece : plan_[position].pieces)
+      bytes += piece.numel * static_cast<int64_t>(c10::elementSize(plan_[position].wire_dtype));
+    timings_[position] = BlockTiming{plan_[position].block_id, bytes, timings_[position].ready_us,
+                                     now, now, 0};
+    launched_[position] = true;
+    next_launch_ = position + 1;
+    completed_ += 1;
+  }
+  done_cv_.notify_all();
 }
 
 bool Engine::is_ready(int64_t tensor_id) {
@@ -209,7 +240,8 @@ void Engine::launch(int64_t position) {
   }
   const int64_t packed = now_us();
   const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
-  timeline_.span("pack", 1, start, packed, block->block_id, bytes, collective_name(block->op));
+  if (timeline_.enabled())
+    timeline_.span("pack", 1, start, packed, block->block_id, bytes, collective_name(block->op));
   acquire_credit(bytes);
   auto collective = transport_->launch(block->op, input, output);
   {
@@ -300,10 +332,12 @@ void Engine::complete(InFlight& item) {
   timing.done_us = done;
   const int64_t previous_done = item.position > 0 ? timings_[item.position - 1].done_us : -1;
   timing.service_us = done - std::max(timing.launch_us, previous_done);
-  timeline_.span(collective_name(block.op), 2, timing.launch_us, done, block.block_id,
-                 timing.bytes, collective_name(block.op));
-  timeline_.span("unpack", 2, done, unpacked, block.block_id, timing.bytes,
-                 collective_name(block.op));
+  if (timeline_.enabled()) {
+    timeline_.span(collective_name(block.op), 2, timing.launch_us, done, block.block_id,
+                   timing.bytes, collective_name(block.op));
+    timeline_.span("unpack", 2, done, unpacked, block.block_id, timing.bytes,
+                   collective_name(block.op));
+  }
   done_events_[item.position] = done_event;
   if (block.op == Collective::kReduceScatter) shards_[item.position] = item.output;
   completed_ += 1;
@@ -392,6 +426,7 @@ void Engine::release(int64_t position) {
     block_pending_[position] = 0;
   }
   ready_queue_.push(position);
+  if (local_) complete_local();
 }
 
 std::vector<int64_t> Engine::last_ready_us() {

@@ -84,6 +84,7 @@ class Engine {
     std::optional<c10::Stream> stream;
   };
 
+  void complete_local();
   void engine_loop();
   void completion_loop();
   void launch(int64_t position);
@@ -99,6 +100,8 @@ class Engine {
 
   std::shared_ptr<Transport> transport_;
   int64_t world_size_ = 1;
+  bool local_ = false;  // a world of one: no threads, no transport work (Note [A world of one])
+  std::mutex local_mu_;
   std::vector<std::string> tensor_names_;
   int64_t timeout_ms_;
   Timeline timeline_;

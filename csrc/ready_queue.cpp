@@ -22,6 +22,14 @@ bool ReadyQueue::pop_expected(const std::function<int64_t()>& expected,
   return true;
 }
 
+bool ReadyQueue::try_pop_expected(int64_t expected, int64_t* position) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (heap_.empty() || heap_.top() != expected) return false;
+  *position = heap_.top();
+  heap_.pop();
+  return true;
+}
+
 void ReadyQueue::wake_all() {
   { std::lock_guard<std::mutex> lock(mu_); }
   cv_.notify_all();

@@ -19,6 +19,8 @@ class ReadyQueue {
   // passes. Returns true and removes the head (stored in `position`) when it matched.
   bool pop_expected(const std::function<int64_t()>& expected, const std::function<bool()>& stop,
                     std::chrono::steady_clock::time_point deadline, int64_t* position);
+  // Removes the head and stores it in `position` if it is `expected`; never waits.
+  bool try_pop_expected(int64_t expected, int64_t* position);
   void wake_all();
   void clear();
 

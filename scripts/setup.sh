@@ -25,7 +25,28 @@ fi
 
 step "torch"
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  "${PIP[@]}" install "torch==2.13.0"
+  "${PIP[@]}" install "torch==2.13.0"  # the newest release the whole suite has run on
+fi
+# The supported range is kept in commsched/torch_compat.py alone; it is read from the file, as
+# commsched itself is not built yet.
+if ! TORCH_RANGE_ERROR="$("$PY" - "$ROOT/commsched/torch_compat.py" "$VENV" <<'PYEOF'
+import importlib.util
+import sys
+
+spec = importlib.util.spec_from_file_location("_commsched_torch_compat", sys.argv[1])
+compat = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compat)
+import torch
+
+if not compat.is_supported(torch.__version__):
+    print(f"torch {torch.__version__} (in {sys.argv[2]}) is outside commsched's supported range "
+          f"{compat.supported_range()}; install a torch in that range there, or remove it and "
+          "setup.sh installs torch==2.13.0")
+    sys.exit(1)
+PYEOF
+)"; then
+  echo "setup.sh: ${TORCH_RANGE_ERROR:-torch version check failed}" >&2
+  exit 1
 fi
 
 step "python dependencies"

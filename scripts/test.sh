@@ -9,7 +9,7 @@ PY="$ROOT/.venv/bin/python"
 echo "== test: ruff" >&2
 "$ROOT/.venv/bin/ruff" check commsched tests
 echo "== test: mypy" >&2
-"$PY" -m mypy commsched
+"$PY" -m mypy commsched tests
 echo "== test: pytest" >&2
 set +e
 OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"

@@ -25,6 +25,7 @@ from torch import nn
 
 import commsched
 
+from ..torch_compat import ddp_kwargs
 from .models import ModelName, batch, build, loss_fn
 
 LOCAL = "local (no comm)"
@@ -75,15 +76,17 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
             opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
         elif label == "torch-ddp":
             # Horovod does not synchronise buffers either; keep the comparison like for like.
-            model = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+            model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False))
             opt = _sgd(model)
         elif label == LOCAL:
             opt = _sgd(model)
         else:
             policy, knobs = parse_candidate(label)
             if profile_dir:
-                profile_path = knobs["profile"] = os.path.join(profile_dir, f"candidate{index}.json")
-            opt = commsched.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
+                profile_path = knobs["profile"] = os.path.join(profile_dir,
+                                                               f"candidate{index}.json")
+            opt = commsched.DistributedOptimizer(_sgd(model),
+                                                 named_parameters=model.named_parameters(),
                                                  policy=policy, model=model, **knobs)
         finish = getattr(opt, "flush", lambda: None)
         out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish,
@@ -166,8 +169,8 @@ def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
     for cand in candidates:
         slowest = iteration_times(world.all_gather_object(cand.ends))
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
-                     "p10_ms": 1e3 * _quantile(slowest, 0.1), "p90_ms": 1e3 * _quantile(slowest, 0.9),
-                     "samples": len(slowest)})
+                     "p10_ms": 1e3 * _quantile(slowest, 0.1),
+                     "p90_ms": 1e3 * _quantile(slowest, 0.9), "samples": len(slowest)})
     return rows
 
 
@@ -200,7 +203,8 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
         if auto is not None:
             verdict = (cand.name, auto.summary())
             policy = auto.chosen.policy
-        predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(), cand.optimizer.plan, policy)
+        predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(),
+                                          cand.optimizer.plan, policy)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 
@@ -213,7 +217,8 @@ def _quantile(values: list[float], q: float) -> float:
 def markdown_table(rows: list[dict]) -> str:
     predicted = any("predicted_ms" in r for r in rows)
     extra = " predicted ms | error |" if predicted else ""
-    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |" + extra,
+    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |"
+             + extra,
              "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if predicted else "")]
     for r in rows:
         line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
@@ -267,7 +272,8 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.barh([r["name"] for r in rows], [r["median_ms"] for r in rows],
-            xerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]])
+            xerr=[[r["median_ms"] - r["p10_ms"] for r in rows],
+                  [r["p90_ms"] - r["median_ms"] for r in rows]])
     if bound.get("bound_ms"):
         ax.axvline(bound["bound_ms"], color="red", linestyle="--",
                    label="bound max(compute, min comm)")
@@ -279,11 +285,12 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    keep_layout = argparse.RawDescriptionHelpFormatter  # the docstring's example keeps its lines
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=keep_layout)
     parser.add_argument("--model", type=ModelName, default=ModelName.CNN, choices=list(ModelName))
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,commsched:ddp,"
-                        "commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"
+    parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,"
+                        "commsched:ddp,commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"
                         "commsched:dear?fusion_threshold=4MiB",
                         help="comma-separated; commsched:POLICY?knob=value&knob=value sets knobs")
     parser.add_argument("--warmup", type=int, default=8, help="steps per candidate before timing "
@@ -299,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     world = commsched.init()
     if world.size > 1 and not dist.is_initialized():
         raise SystemExit("compare needs torch.distributed for the DDP baseline")
-    candidates = make_candidates(args.model, [c.strip() for c in args.candidates.split(",") if c.strip()],
-                                 args.batch_size, args.predict_dir)
+    wanted = [c.strip() for c in args.candidates.split(",") if c.strip()]
+    candidates = make_candidates(args.model, wanted, args.batch_size, args.predict_dir)
     run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
@@ -315,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         if bound.get("auto"):
             print(f"auto: {bound['auto']}", flush=True)
         if args.out:
-            write_outputs(args.out, rows, {"model": args.model.value, "world_size": world.size,
-                                           "command": command, "network": args.link_note, "args": vars(args) | {"model": args.model.value}},
-                          bound)
+            meta = {"model": args.model.value, "world_size": world.size, "command": command,
+                    "network": args.link_note, "args": vars(args) | {"model": args.model.value}}
+            write_outputs(args.out, rows, meta, bound)
     commsched.shutdown()
     return 0
 

@@ -153,7 +153,8 @@ def median_steps(runs: list[Run]) -> float:
 def summarize(runs: list[Run]) -> dict[str, Any]:
     reached = [r.steps_to_target for r in runs if r.steps_to_target is not None]
     median = median_steps(runs)
-    return {"median_steps": None if median == math.inf else median, "reached": f"{len(reached)}/{len(runs)}",
+    return {"median_steps": None if median == math.inf else median,
+            "reached": f"{len(reached)}/{len(runs)}",
             "min_steps": min(reached, default=None), "max_steps": max(reached, default=None),
             "diverged": sum(r.diverged for r in runs)}
 
@@ -326,16 +327,17 @@ def main(argv: list[str] | None = None) -> int:
             grid.append(entry)
             scored.append((median_steps(runs), statistics.mean(steps_of(r) for r in runs),
                            lr, damping))
-            print(f"{name:5s} lr={lr:<7g} damping={damping} median={fmt_steps(entry['median_steps'])}"
-                  f" reached={entry['reached']} ({time.perf_counter() - began:.0f} s)", flush=True)
+            print(f"{name:5s} lr={lr:<7g} damping={damping} "
+                  f"median={fmt_steps(entry['median_steps'])} reached={entry['reached']} "
+                  f"({time.perf_counter() - began:.0f} s)", flush=True)
         _, _, lr, damping = min(scored, key=lambda t: (t[0], t[1]))
         args.stop_at_target = False
         runs = [train(name, lr, damping, s, data, args) for s in args.seeds]
         best_runs[name] = runs
         finals = [r.test_acc[-1] * 100 for r in runs]
         best[name] = {"lr": lr, "damping": damping, **summarize(runs),
-                      "final_test_acc": statistics.median(finals), "final_test_acc_min": min(finals),
-                      "final_test_acc_max": max(finals),
+                      "final_test_acc": statistics.median(finals),
+                      "final_test_acc_min": min(finals), "final_test_acc_max": max(finals),
                       "final_train_loss": statistics.median(r.train_loss[-1] for r in runs),
                       "ms_per_step": 1e3 * statistics.median(r.seconds_per_step for r in runs),
                       "median_steps_to_target_over_10": statistics.median(

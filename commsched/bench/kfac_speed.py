@@ -32,7 +32,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 NO_KFAC = "SGD only (no K-FAC)"
 
 
-def _candidate(label: str, batch_size: int, method: str) -> tuple[Candidate, KFACPreconditioner | None]:
+def _candidate(label: str, batch_size: int,
+               method: str) -> tuple[Candidate, KFACPreconditioner | None]:
     rank = commsched.rank()
     model = build(ModelName.CNN)
     opt: Any = commsched.DistributedOptimizer(
@@ -64,7 +65,8 @@ def _rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"| variant | median ms | p10 ms | p90 ms | vs {BASELINE} |", "|---|---:|---:|---:|---:|"]
+    lines = [f"| variant | median ms | p10 ms | p90 ms | vs {BASELINE} |",
+             "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
               f"| {r['vs_baseline']:.3f} |" for r in rows]
     return "\n".join(lines)
@@ -76,7 +78,8 @@ def _outcome(rows: list[dict[str, Any]]) -> str:
     return (f"Outcome: pipelined + fused + lpt is {best:.3f}x the unpipelined + round_robin "
             f"iteration ({100 * (1 - best):.0f}% faster; target at least 10%: "
             f"{'met' if best <= 0.9 else 'not met'}). Pipelining alone: "
-            f"{ratio['pipelined + round_robin']:.3f}x; lpt alone: {ratio['unpipelined + lpt']:.3f}x.")
+            f"{ratio['pipelined + round_robin']:.3f}x; "
+            f"lpt alone: {ratio['unpipelined + lpt']:.3f}x.")
 
 
 def _write(out: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -124,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         if precond is not None:
             precond.shutdown()
     if world.rank == 0:
-        lpt = next(p for label, (_, p) in zip(labels, made, strict=True) if label == "pipelined + lpt")
-        rr = next(p for label, (_, p) in zip(labels, made, strict=True) if label == BASELINE)
+        by_label = dict(zip(labels, (precond for _, precond in made), strict=True))
+        lpt, rr = by_label["pipelined + lpt"], by_label[BASELINE]
         assert lpt is not None and rr is not None
         note = (f"{world.size} ranks, batch {args.batch_size} per rank, {args.compute_method}, "
                 f"factors and decompositions every step; {rows[0]['samples']} timed steps per "

@@ -70,14 +70,17 @@ def build(name: ModelName, seed: int = 0) -> nn.Module:
     return SmallMLP()
 
 
-def batch(name: ModelName, batch_size: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(name: ModelName, batch_size: int, step: int,
+          rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(10_000 * rank + step)
     if name is ModelName.CNN:
-        return torch.randn(batch_size, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen)
+        return (torch.randn(batch_size, 3, 32, 32, generator=gen),
+                torch.randint(0, 10, (batch_size,), generator=gen))
     if name is ModelName.TRANSFORMER:
         tokens = torch.randint(0, 4096, (batch_size, 65), generator=gen)
         return tokens[:, :-1], tokens[:, 1:]
-    return torch.randn(batch_size, 64, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen)
+    return (torch.randn(batch_size, 64, generator=gen),
+            torch.randint(0, 10, (batch_size,), generator=gen))
 
 
 def loss_fn(name: ModelName, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

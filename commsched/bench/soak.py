@@ -73,7 +73,8 @@ def verdict(samples: list[dict], warmup_steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="bytescheduler")
     parser.add_argument("--model", type=ModelName, default=ModelName.MLP, choices=list(ModelName))
     parser.add_argument("--steps", type=int, default=2000)
@@ -87,15 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     samples = soak(args.policy, args.model, args.steps, args.every, args.batch_size)
     elapsed = time.perf_counter() - start
-    per_rank = world.all_gather_object({"samples": samples, "verdict": verdict(samples, args.warmup)})
+    per_rank = world.all_gather_object({"samples": samples,
+                                        "verdict": verdict(samples, args.warmup)})
     threads_before_shutdown = os_threads()
     commsched.shutdown()
     # After shutdown the engine's threads must be gone; Horovod's and torch's own stay.
-    after = {"threads_before_shutdown": threads_before_shutdown, "threads_after_shutdown": os_threads()}
+    after = {"threads_before_shutdown": threads_before_shutdown,
+             "threads_after_shutdown": os_threads()}
     if world.rank == 0:
-        report = {"command": " ".join(shlex.quote(a) for a in sys.argv), "args": vars(args) | {"model": args.model.value},
-                  "world_size": world.size, "elapsed_s": elapsed, "ranks": per_rank, "rank0_shutdown": after}
-        print(json.dumps({r: p["verdict"] for r, p in enumerate(per_rank)} | {"shutdown": after}, indent=1))
+        report = {"command": " ".join(shlex.quote(a) for a in sys.argv),
+                  "args": vars(args) | {"model": args.model.value}, "world_size": world.size,
+                  "elapsed_s": elapsed, "ranks": per_rank, "rank0_shutdown": after}
+        verdicts = {r: p["verdict"] for r, p in enumerate(per_rank)}
+        print(json.dumps(verdicts | {"shutdown": after}, indent=1))
         if args.out:
             write(args.out, report)
     return 0
@@ -126,22 +131,27 @@ def write(out: str, report: dict) -> None:
 
 def markdown(report: dict) -> str:
     args = report["args"]
-    lines = [f"# Soak: {args['steps']:,} steps of `{args['policy']}` on {report['world_size']} ranks", "",
-             f"Command: `scripts/soak.sh` (runs `{report['command']}` under `horovodrun -np 2 --gloo`); "
-             f"model {args['model']}, batch {args['batch_size']}, samples every {args['every']} steps, "
-             f"memory must be flat after step {args['warmup']}. Wall time {report['elapsed_s']:.1f} s.", "",
+    lines = [f"# Soak: {args['steps']:,} steps of `{args['policy']}` on "
+             f"{report['world_size']} ranks", "",
+             f"Command: `scripts/soak.sh` (runs `{report['command']}` under "
+             "`horovodrun -np 2 --gloo`); "
+             f"model {args['model']}, batch {args['batch_size']}, samples every {args['every']} "
+             f"steps, memory must be flat after step {args['warmup']}. "
+             f"Wall time {report['elapsed_s']:.1f} s.", "",
              "| rank | RSS after warm-up MiB | RSS at the end MiB | max MiB | growth | flat (<=5%) "
              "| threads steady | open files steady |", "|---|---:|---:|---:|---:|---|---|---|"]
     yes = {True: "yes", False: "no"}
     for rank, data in enumerate(report["ranks"]):
         v = data["verdict"]
-        lines.append(f"| {rank} | {v['rss_first_mib']:.1f} | {v['rss_last_mib']:.1f} | {v['rss_max_mib']:.1f} "
-                     f"| {100 * v['rss_growth']:.2f}% | {yes[v['rss_flat']]} | {yes[v['threads_steady']]} "
+        lines.append(f"| {rank} | {v['rss_first_mib']:.1f} | {v['rss_last_mib']:.1f} "
+                     f"| {v['rss_max_mib']:.1f} | {100 * v['rss_growth']:.2f}% "
+                     f"| {yes[v['rss_flat']]} | {yes[v['threads_steady']]} "
                      f"| {yes[v['open_files_steady']]} |")
     down = report["rank0_shutdown"]
-    lines += ["", f"Rank 0 OS threads: {down['threads_before_shutdown']} before `commsched.shutdown()`, "
-              f"{down['threads_after_shutdown']} after (the engine and completion threads are joined; "
-              "the rest belong to Horovod and torch).", "", "![soak](results.png)", ""]
+    lines += ["", f"Rank 0 OS threads: {down['threads_before_shutdown']} before "
+              f"`commsched.shutdown()`, {down['threads_after_shutdown']} after (the engine and "
+              "completion threads are joined; the rest belong to Horovod and torch).", "",
+              "![soak](results.png)", ""]
     return "\n".join(lines)
 
 

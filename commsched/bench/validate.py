@@ -41,7 +41,8 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
     return {"auto_policy": auto_summary.get("policy"), "auto_knobs": auto_summary.get("knobs"),
             "auto_predicted_ms": _ms(auto_summary.get("predicted_s")),
             "auto_measured_in_job_ms": _ms(auto_summary.get("measured_s")),
-            "measured_fastest": fastest, "picked_fastest": fastest_policy == auto_summary.get("policy")}
+            "measured_fastest": fastest,
+            "picked_fastest": fastest_policy == auto_summary.get("policy")}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -70,8 +71,8 @@ def summary_markdown(result_files: list[str]) -> str:
         verdict = doc["bound"].get("auto")
         if verdict:
             picks, hits = picks + 1, hits + bool(verdict["picked_fastest"])
-    lines += ["", f"Predictions within 15%: {within} of {total}. `auto` picked the measured-fastest "
-              f"policy in {hits} of {picks} settings."]
+    lines += ["", f"Predictions within 15%: {within} of {total}. `auto` picked the "
+              f"measured-fastest policy in {hits} of {picks} settings."]
     return "\n".join(lines)
 
 

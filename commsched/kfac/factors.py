@@ -150,7 +150,7 @@ def unpack_upper(values: torch.Tensor, dim: int) -> torch.Tensor:
     return matrix
 
 
-# --- decompositions and preconditioning ------------------------------------------------------------
+# --- decompositions and preconditioning -----------------------------------------------------------
 
 def eigen(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvectors and eigenvalues; factors are positive semi-definite, so the negative

@@ -22,7 +22,8 @@ from .partitions import Partition, partition
 from .types import Block, NetModel, Profile, TensorSpec
 
 
-def priority_order(parts: list[Partition], net: NetModel, block_bytes: int) -> list[list[Partition]]:
+def priority_order(parts: list[Partition], net: NetModel,
+                   block_bytes: int) -> list[list[Partition]]:
     """List scheduling on one serial channel: at each free moment, the best ready partitions."""
     waiting = sorted(parts, key=lambda p: (p.ready, p.priority))
     ready: list[tuple[tuple[int, int], int, Partition]] = []
@@ -42,7 +43,8 @@ def priority_order(parts: list[Partition], net: NetModel, block_bytes: int) -> l
     return blocks
 
 
-def _fill_block(ready: list[tuple[tuple[int, int], int, Partition]], block_bytes: int) -> list[Partition]:
+def _fill_block(ready: list[tuple[tuple[int, int], int, Partition]],
+                block_bytes: int) -> list[Partition]:
     """Pops the best ready partition, then the next best of its dtype while they fit."""
     block = [heapq.heappop(ready)[2]]
     size, skipped = block[0].nbytes, []

@@ -160,7 +160,8 @@ def load_rank(path: str, rank: int) -> RankTrace:
     trace.iterations.sort()
     trace.plans.sort()
     if not trace.iterations:
-        raise ReportError(path, "no iteration marks (did the run finish a step with the timeline on?)")
+        raise ReportError(path, "no iteration marks (did the run finish a step with the "
+                                "timeline on?)")
     return trace
 
 
@@ -235,7 +236,8 @@ def split_rounds(collectives: list[Span]) -> list[list[Span]]:
     return rounds
 
 
-def analysed_rounds(collectives: list[Span], first: int, iterations: list[Interval]) -> list[list[Span]]:
+def analysed_rounds(collectives: list[Span], first: int,
+                    iterations: list[Interval]) -> list[list[Span]]:
     """The collectives of each analysed iteration. With overlap policies an iteration's
     collectives straddle its end mark, so they are counted by round (the k-th round belongs to
     iteration k), not by where they fall in time; traces without block ids fall back to time."""
@@ -281,16 +283,19 @@ def analyse_rank(trace: RankTrace, world: int, skip: int | None,
 
 # -- command --------------------------------------------------------------------------------
 
-def build_report(run_dir: str, skip: int | None, link: float | None) -> tuple[dict[str, Any], list[RankTrace]]:
+def build_report(run_dir: str, skip: int | None,
+                 link: float | None) -> tuple[dict[str, Any], list[RankTrace]]:
     files = find_rank_files(run_dir)
     traces = [load_rank(path, rank) for rank, path in files.items()]
     profile = load_profile(os.path.join(run_dir, "profile.json"))
     world = len(files)
-    if profile is not None and isinstance(profile.get("world_size"), int) and profile["world_size"] > 0:
+    if profile is not None and isinstance(profile.get("world_size"), int) \
+            and profile["world_size"] > 0:
         world = profile["world_size"]
     report: dict[str, Any] = {"run_dir": run_dir, "world_size": world, "link_bytes_per_s": link,
                               "ranks": [analyse_rank(t, world, skip, link) for t in traces]}
     if profile is not None:
         tensors = profile.get("tensors") or []
-        report["gradient_bytes"] = sum(int(t.get("bytes", 0)) for t in tensors if isinstance(t, dict))
+        report["gradient_bytes"] = sum(int(t.get("bytes", 0)) for t in tensors
+                                       if isinstance(t, dict))
     return report, traces

@@ -15,7 +15,8 @@ from .output import markdown, plot_iteration
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m commsched report", description=analysis.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m commsched report",
+                                     description=analysis.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="directory with timeline.rank<N>.json (and profile.json)")
     parser.add_argument("--link", help="link bandwidth per rank, e.g. 1gbit")

@@ -56,8 +56,8 @@ class AutoState:
         self.periods.clear()
         self.history.append({"policy": ranked[0].policy.value, "knobs": dict(ranked[0].knobs),
                              "predicted_s": ranked[0].predicted_s, "measured_s": None})
-        log.info("commsched auto: predicted %.1f ms for %s %s (next: %s)", 1e3 * ranked[0].predicted_s,
-                 ranked[0].policy.value, ranked[0].knobs,
+        log.info("commsched auto: predicted %.1f ms for %s %s (next: %s)",
+                 1e3 * ranked[0].predicted_s, ranked[0].policy.value, ranked[0].knobs,
                  ", ".join(f"{r.policy.value} {1e3 * r.predicted_s:.1f} ms" for r in ranked[1:4]))
         return ranked[0]
 

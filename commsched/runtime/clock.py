@@ -13,22 +13,15 @@ class StepClock:
         self._engine = engine
         self.step_end_us = -1
         self._waited_at_step_end = 0.0
-        self._first_gradient_seen = False
 
     def step_ended(self) -> None:
         self.step_end_us = _C.now_us()
         self._waited_at_step_end = self._engine.waited_s
 
-    def new_iteration(self) -> None:
-        self._first_gradient_seen = False
-
     def first_gradient(self) -> None:
-        """Called from every gradient hook; records the compute before backward once per
-        iteration: from the end of the last step() to this first gradient, minus the time the
-        training thread spent waiting on the engine (overlap plans wait in the forward pass)."""
-        if self._first_gradient_seen:
-            return
-        self._first_gradient_seen = True
+        """At an iteration's first gradient: records the compute before backward, from the end
+        of the last step() to now, minus the time the training thread spent waiting on the
+        engine (overlap plans wait in the forward pass)."""
         if self.step_end_us < 0:
             return
         engine = self._engine

@@ -43,6 +43,11 @@ class EngineHandle:
         # Rounds of wait(): one per iteration for K-FAC's exchanges. A session passes its own
         # iteration counter instead, so that the heartbeats report the one the user sees.
         self.rounds = 0
+        # Every how many rounds the profiler records one: every round while a plan is being
+        # profiled, then a sample now and then is enough (auto's late re-check reads the
+        # latest ones), which keeps the per-iteration Python small.
+        self.sample_every = 1
+        self._ops: list[str] = []
         self._iteration = iteration or (lambda: self.rounds)
         self._world = world
         self._waiting_since: float | None = None
@@ -50,6 +55,8 @@ class EngineHandle:
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
+        # Called once per gradient: the extension's own method, no Python frame in between.
+        self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
         self.profiler = Profiler(len(specs))
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
@@ -72,11 +79,9 @@ class EngineHandle:
             for block in plan.blocks]
         self._engine.install_plan(blocks)
         self.plan = plan
+        self._ops = [b.op.name.lower() for b in plan.blocks]
         if self.timeline:
             self.timeline.mark(f"plan {plan.policy} {plan.fingerprint} ({len(plan.blocks)} blocks)")
-
-    def mark_ready(self, tensor_id: int, grad: torch.Tensor) -> None:
-        self._engine.mark_ready(tensor_id, grad)
 
     def not_ready(self) -> list[int]:
         return list(self._engine.not_ready_tensors())
@@ -107,8 +112,9 @@ class EngineHandle:
         self._guarded(self._engine.wait_all, self.timeout_ms)
         self.rounds += 1
         self.span("wait", started, what="all blocks")
-        ops = [b.op.name.lower() for b in self.plan.blocks] if self.plan else []
-        self.profiler.record(self._engine.last_ready_us(), self._engine.last_block_timings(), ops)
+        if self.rounds % self.sample_every == 0:
+            engine = self._engine
+            self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops)
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
 

@@ -32,6 +32,10 @@ from .profiler import profile_document
 
 log = logging.getLogger("commsched")
 
+# Once the plan is built (and `auto` has checked it), the profiler records every SAMPLE_EVERY-th
+# iteration: enough for a late re-plan, and a fraction of the per-iteration bookkeeping.
+SAMPLE_EVERY = 4
+
 
 @dataclass(frozen=True)
 class Scaling:
@@ -98,6 +102,9 @@ class PlanLifecycle:
         self._last_end = time.perf_counter()
         if iteration == self.replan_at:
             self.replan()
+        settled = self.replan_at is None or iteration >= self.replan_at
+        checking = self.auto is not None and self.auto.measured_s is None
+        self._engine.sample_every = SAMPLE_EVERY if settled and not checking else 1
 
     def replan(self) -> None:
         """Builds the policy's plan from rank 0's profile, identically on every rank."""
@@ -127,7 +134,9 @@ class PlanLifecycle:
         if self._runner is not None and self._runner.open:
             self._runner.finish()  # the engine must be idle before its plan changes
         document = self._world.broadcast_object(self.profile_document())
-        chosen = self.auto.choose(document, self._config, self._runner is not None)
+        # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
+        overlap_allowed = self._runner is not None and self._world.size > 1
+        chosen = self.auto.choose(document, self._config, overlap_allowed)
         self.write_profile(document)
         self.install(chosen.plan)
         self.set_credit(int(chosen.knobs.get("credit_bytes", self._config.credit_bytes)))

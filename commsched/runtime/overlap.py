@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,7 +64,7 @@ class ModuleProfile:
 
 class HookMode(enum.Enum):
     RECORDING = "recording"  # every module: forward order and times (profiling steps)
-    ACTIVE = "active"  # modules that start an update group, and the root's end of forward
+    ACTIVE = "active"  # first users of a group's parameters, and the root's end of forward
     OFF = "off"  # a synchronous plan runs (`auto` chose one)
 
 
@@ -83,7 +84,11 @@ class OverlapRunner:
         self.open = False
         self._pending: set[int] = set()
         self._grads: dict[int, torch.Tensor] = {}
-        self._groups_at: dict[str, list[UpdateGroup]] = {}
+        # Module name -> the groups its pre-hook may apply: those starting there, and those
+        # holding a parameter it is the first user of (see Note [Skipped group starts]).
+        self._groups: tuple[UpdateGroup, ...] = ()
+        self._groups_at: dict[str, list[int]] = {}
+        self._pending_groups: set[int] = set()
         self._needs: dict[int, int] = {}
         self._gathers: list[int] = []
         self._released = 0
@@ -102,8 +107,9 @@ class OverlapRunner:
         return self.mode is HookMode.RECORDING
 
     def _set_mode(self, mode: HookMode) -> None:
-        """Registers only the hooks `mode` needs: under an overlap plan a module hook costs a
-        Python call per forward, so only the modules where a group starts get one."""
+        """Registers only the hooks `mode` needs: under an overlap plan, the modules that are
+        the first user of some parameter (a hook is a Python call per forward; the expensive
+        part, one optimizer call, happens only where a group starts)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -148,10 +154,21 @@ class OverlapRunner:
         self._needs = completing_blocks(plan)
         groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
                                                          self._needs)
+        # Note [Skipped group starts]
+        # A group is applied in the pre-hook of its first module, but control flow may skip
+        # that module in some iteration (a branch taken on even steps only, an expert that got
+        # no tokens) while a later module of the same group runs: it would then compute with the
+        # old parameters, and the update applied at the end of forward would change tensors its
+        # backward still needs. So the first user of every parameter of a group also applies
+        # the group if it is still pending; when the start ran, that costs one lookup.
+        first_user = self.first_users()
+        self._groups = tuple(groups)
         self._groups_at = {}
-        for group in groups:
-            name = group.module if group.module in self._named else self._root_name
-            self._groups_at.setdefault(name, []).append(group)
+        for index, group in enumerate(self._groups):
+            users = {group.module, *(first_user.get(t, group.module) for t in group.tensor_ids)}
+            for name in sorted(n if n in self._named else self._root_name for n in users):
+                if index not in self._groups_at.get(name, []):
+                    self._groups_at.setdefault(name, []).append(index)
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
         self._set_mode(HookMode.ACTIVE)
 
@@ -183,6 +200,7 @@ class OverlapRunner:
                 self._grads[tid] = p.grad  # type: ignore[assignment]
                 p.grad = None
         self._pending = set(self._grads)
+        self._pending_groups = set(range(len(self._groups)))
         self.open = True
         self._released = 0
         self._release_through(0)
@@ -217,31 +235,37 @@ class OverlapRunner:
 
     # -- module hooks -------------------------------------------------------------------------
 
-    def _record_start(self, name: str):  # noqa: ANN202 - torch hook
+    def _record_start(self, name: str) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:
             self.modules.start(name)
         return hook
 
-    def _record_end(self, name: str):  # noqa: ANN202 - torch hook
+    def _record_end(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             self.modules.end(name)
             if name == self._root_name:
                 self.modules.next_iteration()
         return hook
 
-    def _apply_groups(self, name: str):  # noqa: ANN202 - torch hook
+    def _apply_groups(self, name: str) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:
             if not self.open:
                 return
-            for group in self._groups_at[name]:
-                tids = [t for t in group.tensor_ids if t in self._pending]
-                if not tids:
-                    continue
-                if self._gathers:
-                    self._release_through(self._gathers.index(group.wait_for) + 1)
-                self._engine.wait_block(group.wait_for)
-                self._apply(tids)
+            for index in self._groups_at[name]:
+                if index in self._pending_groups:
+                    self._apply_group(index)
         return hook
+
+    def _apply_group(self, index: int) -> None:
+        self._pending_groups.discard(index)
+        group = self._groups[index]
+        tids = [t for t in group.tensor_ids if t in self._pending]
+        if not tids:
+            return
+        if self._gathers:
+            self._release_through(self._gathers.index(group.wait_for) + 1)
+        self._engine.wait_block(group.wait_for)
+        self._apply(tids)
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self.finish()

@@ -143,8 +143,9 @@ def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]
     rows = []
     for i, name in enumerate(module_order):
         own = inclusive[name]
+        self_time = None if own is None else max(own - children.get(name, 0.0), 0.0)
         rows.append({"name": name, "forward_order": i, "forward_time_s": own,
-                     "self_time_s": None if own is None else max(own - children.get(name, 0.0), 0.0)})
+                     "self_time_s": self_time})
     return rows
 
 

@@ -81,11 +81,13 @@ class Session:
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
         self._delay = [self.passes] * len(self.specs)
+        self._gradients_started = False
         self._check_ranks_agree(routed)
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.sparse = SparseExchange(self.world, routed, options.op, self.passes)
         self.engine = EngineHandle(self.world, self.specs, config.timeout, config.timeline,
                                    iteration=lambda: self.iteration)
+        self._mark_ready = self.engine.mark_ready
         self.runner = self._make_runner(base_cls)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
@@ -129,7 +131,10 @@ class Session:
 
     # -- gradient hooks -----------------------------------------------------------------------
 
-    def _before_gradient(self) -> None:
+    def _first_gradient(self) -> None:
+        """Once per iteration, at its first gradient: what must happen before any gradient is
+        handed over. Later gradients of the iteration go straight to the engine."""
+        self._gradients_started = True
         self.lifecycle.settle(self.iteration)
         if self.runner is not None and self.runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
@@ -138,7 +143,8 @@ class Session:
 
     def _gradient_hook(self, tensor_id: int):  # noqa: ANN202 - autograd hook
         def hook(param: torch.Tensor) -> None:
-            self._before_gradient()
+            if not self._gradients_started:
+                self._first_gradient()
             remaining = self._delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
@@ -151,13 +157,14 @@ class Session:
                 param.grad = param.grad.to_dense()
             self._delay[tensor_id] = remaining - 1
             if remaining == 1:
-                self.engine.mark_ready(tensor_id, _dense_layout(param))
+                self._mark_ready(tensor_id, _dense_layout(param))
         return hook
 
     def _sparse_hook(self, index: int):  # noqa: ANN202 - autograd hook
         def hook(param: torch.Tensor) -> None:
             # The gradient stays in p.grad until the exchange at synchronize()/step().
-            self._before_gradient()
+            if not self._gradients_started:
+                self._first_gradient()
             delay = self.sparse.delay
             if delay[index] <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
@@ -233,7 +240,7 @@ class Session:
 
     def _end_iteration(self) -> None:
         self.set_passes(self.passes)
-        self.clock.new_iteration()
+        self._gradients_started = False
         self.iteration += 1
         self.engine.mark(f"iteration {self.iteration}")
         self.lifecycle.iteration_ended(self.iteration)

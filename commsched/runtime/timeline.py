@@ -12,8 +12,8 @@ from typing import IO, Any
 
 from .. import _C
 
-LANES = {0: "compute (gradient ready)", 1: "engine: pack + launch", 2: "completion: collective + unpack",
-         3: "training thread: waits and updates"}
+LANES = {0: "compute (gradient ready)", 1: "engine: pack + launch",
+         2: "completion: collective + unpack", 3: "training thread: waits and updates"}
 
 
 def timeline_path(template: str, rank: int) -> str:

@@ -144,7 +144,8 @@ def bert_base(seq: int = 128) -> Model:
                linear("cls.seq_relationship", d, 2)]
     declared = [name for layer in layers for name, _ in layer.params]
     declared.remove("cls.predictions.bias")
-    declared.insert(declared.index("cls.predictions.transform.dense.weight"), "cls.predictions.bias")
+    declared.insert(declared.index("cls.predictions.transform.dense.weight"),
+                    "cls.predictions.bias")
     return Model("bert-base", 32, f"BertForPreTraining (bert-base-uncased), {seq}-token "
                  "sequences, 32 per GPU", layers, declared)
 

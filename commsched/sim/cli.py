@@ -14,7 +14,13 @@ from pathlib import Path
 from ..config import Policy, load_config
 from ..units import UnitError, parse_bandwidth
 from .network import Algorithm
-from .profile import BUILTIN_PROFILES, ProfileError, profile_from_document, read_document
+from .profile import (
+    BUILTIN_PROFILES,
+    ProfileError,
+    RunProfile,
+    profile_from_document,
+    read_document,
+)
 from .rank import allowed_policies, planned_policies
 from .tables import markdown, table
 from .whatif import COMPRESSION_CAP, TARGET_SCALING, LinkSpec, Row, fitted_rows, sweep
@@ -106,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _policies_for(asked: list[Policy] | None, run, name: str) -> list[Policy]:  # noqa: ANN001
+def _policies_for(asked: list[Policy] | None, run: RunProfile, name: str) -> list[Policy]:
     possible = allowed_policies(run, overlap_allowed=True)
     if asked is None:
         return possible

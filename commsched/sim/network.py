@@ -20,8 +20,8 @@ from typing import Protocol
 from ..plan import Collective, NetModel
 from .profile import OP_NAMES
 
-# The profiler's own fallback cost model (commsched.runtime.profiler.DEFAULT_NET): used when a profile
-# has no fitted all-reduce, e.g. the built-in profiles, which carry compute only.
+# The profiler's own fallback cost model (commsched.runtime.profiler.DEFAULT_NET): used when a
+# profile has no fitted all-reduce, e.g. the built-in profiles, which carry compute only.
 DEFAULT_ALLREDUCE = NetModel()
 
 
@@ -89,11 +89,13 @@ class LinkNetwork:
         share = (p - 1) / p * n * beta
         if self.algorithm is Algorithm.RING:
             steps = p - 1
-            return 2 * (steps * alpha + share) if op is Collective.ALLREDUCE else steps * alpha + share
+            half = steps * alpha + share  # a reduce-scatter or an all-gather
+            return 2 * half if op is Collective.ALLREDUCE else half
         # Rabenseifner needs a power of two; other p pay one more round, hence ceil.
         rounds = math.ceil(math.log2(p))
         if self.algorithm is Algorithm.RHD:
-            return 2 * (rounds * alpha + share) if op is Collective.ALLREDUCE else rounds * alpha + share
+            half = rounds * alpha + share
+            return 2 * half if op is Collective.ALLREDUCE else half
         # Tree: the whole buffer climbs (reduce) and descends (broadcast) ceil(log2 p) levels.
         # There is no shard-level tree collective, so reduce-scatter is the reduce half and
         # all-gather the broadcast half: RS + AG costs exactly one tree all-reduce.

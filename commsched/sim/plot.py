@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .simulator import SimResult
 from .whatif import Row
@@ -12,7 +13,7 @@ COLOURS = {"compute": "#4c72b0", "wait": "#c44e52", "allreduce": "#55a868",
            "reduce_scatter": "#dd8452", "all_gather": "#8172b3"}
 
 
-def _pyplot():  # noqa: ANN202 - matplotlib's module
+def _pyplot() -> Any:  # matplotlib.pyplot, imported on first use
     import matplotlib
 
     matplotlib.use("Agg")

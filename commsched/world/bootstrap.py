@@ -96,7 +96,8 @@ def _interface_with_address(address: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             try:
-                raw = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+                raw = fcntl.ioctl(probe.fileno(), siocgifaddr,
+                                  struct.pack("256s", name[:15].encode()))
             except OSError:
                 continue  # no IPv4 address on this interface
             if socket.inet_ntoa(raw[20:24]) == address:
@@ -136,7 +137,8 @@ def _horovod_world(timeout: float) -> World:
     rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
     _choose_gloo_interface(rendezvous)
     if rank == 0:
-        host = _address_towards(rendezvous, int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1")))
+        port = int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1"))
+        host = _address_towards(rendezvous, port)
         store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=delta)
         address = (host, store.port)
     else:

@@ -70,14 +70,15 @@ class Liveness:
                     self._store.set(PREFIX + str(self.rank), json.dumps(self._state()))
                 if self.rank == 0 and self.stall_warning > 0:
                     self._inspect()
-            except Exception as err:  # noqa: BLE001 - a gone store must not kill training
+            except Exception as err:  # a gone store must not kill training
                 log.debug("commsched liveness: %s", err)
 
     def _read_all(self) -> dict[int, dict | None]:
         keys = [PREFIX + str(r) for r in range(self.size)]
         with self._lock:
             present = [self._store.check([key]) for key in keys]
-            values = [self._store.get(key) if ok else None for key, ok in zip(keys, present, strict=True)]
+            values = [self._store.get(key) if ok else None
+                      for key, ok in zip(keys, present, strict=True)]
         return {r: json.loads(v) if v is not None else None for r, v in enumerate(values)}
 
     # -- failure diagnosis --------------------------------------------------------------------
@@ -89,7 +90,7 @@ class Liveness:
             before = self._read_all()
             time.sleep(window)
             after = self._read_all()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             return [], (f"the rendezvous store is unreachable ({type(err).__name__}); the rank or "
                         "launcher hosting it (rank 0 under horovodrun) may be gone")
         silent = [r for r in range(self.size) if r != self.rank and _silent(before[r], after[r])]
@@ -123,8 +124,9 @@ class Liveness:
         self._thread.join(timeout=STORE_TIMEOUT + INTERVAL)
         try:
             with self._lock:
-                self._store.set(PREFIX + str(self.rank), json.dumps({"beat": -1, "engines": {}, "left": True}))
-        except Exception:  # noqa: BLE001, S110 - best effort on the way out
+                self._store.set(PREFIX + str(self.rank),
+                                json.dumps({"beat": -1, "engines": {}, "left": True}))
+        except Exception:  # best effort on the way out
             pass
 
 

@@ -177,7 +177,12 @@ def test_standalone_all_gather_gives_every_rank_every_slice() -> None:
 
 
 def _gloo_threads() -> int:
+    """Gloo's worker threads in this process. Where torch leaves them unnamed (before 2.11),
+    every thread of the process: the engine's own threads then count too, and `after == before`
+    checks that shutdown ended them along with the group's."""
     import glob
+
+    from commsched.torch_compat import GLOO_WORKER_THREAD_NAME
 
     names = []
     for path in glob.glob("/proc/self/task/*/comm"):
@@ -186,7 +191,9 @@ def _gloo_threads() -> int:
                 names.append(handle.read().strip())
         except OSError:
             continue  # a thread that ended meanwhile
-    return sum(name == "pt_gloo_runloop" for name in names)
+    if GLOO_WORKER_THREAD_NAME is None:
+        return len(names)
+    return sum(name == GLOO_WORKER_THREAD_NAME for name in names)
 
 
 def _shutdown_job() -> dict:
@@ -194,14 +201,12 @@ def _shutdown_job() -> dict:
     release_transport, without the GIL), not later whenever Python frees the handle: a Gloo
     worker that needs the GIL to free a tensor would otherwise deadlock with the thread that
     destroys the group while holding it."""
-    import commsched
-    from commsched.runtime.engine import EngineHandle
-    from commsched.plan import TensorSpec
-
     import torch
 
+    import commsched
     from commsched.compression import Compression
-    from commsched.plan import Block, Piece, Plan
+    from commsched.plan import Block, Piece, Plan, TensorSpec
+    from commsched.runtime.engine import EngineHandle
 
     world = commsched.init()
     world.all_gather_object(0)  # the control group's threads exist before counting

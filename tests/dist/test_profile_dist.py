@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
+import pytest
 from helpers import distributed_test
+
+from commsched.runtime.profiler import fit_alpha_beta
 
 
 def _profile_job(path: str) -> dict:
+    import time
+
     import torch
     from torch import nn
 
@@ -21,33 +27,66 @@ def _profile_job(path: str) -> dict:
                                          named_parameters=model.named_parameters(), model=model,
                                          policy="prophet", profile_steps=3, profile=path,
                                          partition_bytes=512)
+    iteration_s = []  # wall time of each step on this rank: the profile's times fall within
     for step in range(5):
+        started = time.perf_counter()
         opt.zero_grad()
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 10 + rank))
         model(x).square().mean().backward()
         opt.step()
+        iteration_s.append(time.perf_counter() - started)
     opt.flush()
-    return {"fingerprint": opt.plan.fingerprint, "policy": opt.plan.policy}
+    return {"fingerprint": opt.plan.fingerprint, "policy": opt.plan.policy,
+            "iteration_s": iteration_s}
 
 
-def test_profile_json_and_identical_plans(tmp_path) -> None:
+def test_profile_json_and_identical_plans(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "profile.json"
     results = distributed_test(_profile_job, world_size=2, timeout=90, args=(str(path),))
-    assert results[0] == results[1] and results[0]["policy"] == "prophet"
+    plans = [(r["policy"], r["fingerprint"]) for r in results.values()]
+    assert plans[0] == plans[1] and plans[0][0] == "prophet"
+    profiled_s = results[0]["iteration_s"][:3]  # rank 0 writes its own profile
     doc = json.loads(path.read_text())
+    # Written once, when the 3 profiling steps ended and the prophet plan was built.
     assert doc["schema_version"] == 2 and doc["world_size"] == 2 and doc["iterations"] == 3
     assert doc["compute"]["before_first_ready_s"] > 0 and doc["compute"]["step_s"] > 0
     assert {t["name"]: t["module"] for t in doc["tensors"]}["2.bias"] == "2"
     names = [t["name"] for t in doc["tensors"]]
     assert names == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    assert [t["bytes"] for t in doc["tensors"]] == [4 * n for n in (16 * 32, 32, 32 * 32, 32,
+                                                                    32 * 4, 4)]
     ready = {t["name"]: t["ready_time_s"] for t in doc["tensors"]}
-    assert all(v is not None and v >= 0 for v in ready.values())
-    assert ready["4.weight"] <= ready["0.weight"]  # backward produces the last layer first
-    modules = [m["name"] for m in sorted(doc["modules"], key=lambda m: m["forward_order"])]
-    assert modules[:2] == ["", "0"] and modules.index("2") < modules.index("4")
-    assert all(m["forward_time_s"] > 0 for m in doc["modules"])
-    root = next(m for m in doc["modules"] if m["name"] == "")
-    assert 0 <= root["self_time_s"] < root["forward_time_s"]  # the layers ran inside it
+    # Seconds from the iteration's first ready gradient: backward produces the last layer
+    # first (its bias before its weight, which waits for a transpose), then towards the input.
+    in_backward_order = ["4.bias", "4.weight", "2.bias", "2.weight", "0.bias", "0.weight"]
+    times = [ready[name] for name in in_backward_order]
+    assert times[0] == 0.0 and times == sorted(times), ready
+    # Seconds (not ms or us): the spread of one backward pass, within a step's wall time.
+    assert 0 < times[-1] < max(profiled_s), (ready, profiled_s)
+    modules = sorted(doc["modules"], key=lambda m: m["forward_order"])
+    assert [m["name"] for m in modules] == ["", "0", "1", "2", "3", "4"]
+    assert all(m["forward_time_s"] > 0 for m in modules)
+    root, layers = modules[0], modules[1:]
+    for layer in layers:  # no children: a layer's own time is all of its forward time
+        assert layer["self_time_s"] == layer["forward_time_s"], layer
+    children = sum(layer["forward_time_s"] for layer in layers)
+    assert root["self_time_s"] == pytest.approx(max(root["forward_time_s"] - children, 0.0))
+    assert root["self_time_s"] < root["forward_time_s"]  # the layers ran inside it
     allreduce = doc["collectives"]["allreduce"]
-    assert allreduce["alpha_s"] >= 0 and allreduce["beta_s_per_byte"] >= 0
-    assert len(allreduce["samples"]) >= 6 * 3  # one collective per tensor while profiling
+    samples = allreduce["samples"]
+    # The profiling plan: one collective per tensor, in each of the 3 iterations.
+    assert sorted(n for n, _ in samples) == sorted([t["bytes"] for t in doc["tensors"]] * 3)
+    assert all(seconds > 0 for _, seconds in samples), samples
+    # The channel's busy time of the 3 profiled steps, within their wall time.
+    assert sum(t for _, t in samples) < sum(profiled_s), (samples, profiled_s)
+    alpha, beta = allreduce["alpha_s"], allreduce["beta_s_per_byte"]
+    fitted = fit_alpha_beta([(n, t) for n, t in samples])
+    assert (alpha, beta) == (fitted.alpha, fitted.beta)  # the fit of the samples written
+    # Least squares: the line runs through the samples' centre, unless the start-up cost was
+    # clamped at zero (then the per-byte cost alone overshoots it).
+    mean_bytes = sum(n for n, _ in samples) / len(samples)
+    mean_seconds = sum(t for _, t in samples) / len(samples)
+    if alpha > 0:
+        assert alpha + beta * mean_bytes == pytest.approx(mean_seconds)
+    else:
+        assert beta * mean_bytes >= mean_seconds

@@ -103,19 +103,36 @@ def test_training_matches_single_process_reference(world_size: int, tmp_path) ->
     for rank, diffs in results.items():
         for key, diff in diffs.items():
             assert diff < 1e-5, f"rank {rank}: {key} differs from the reference by {diff}"
+    gradient_bytes = sum(p.numel() * p.element_size() for p in TwoHeads().parameters())
     for rank in range(world_size):
         with open(tmp_path / f"trace.rank{rank}.json", encoding="utf-8") as handle:
             events = json.load(handle)
-        names = {e["name"] for e in events}
-        assert "ready:body.weight" in names
+        names = [e["name"] for e in events]
+        # Every gradient is marked ready once per step (one this rank did not compute too, as
+        # zeros), and each step ends with one mark.
+        assert names.count("ready:body.weight") == names.count("ready:heads.1.bias") == STEPS
+        assert [n for n in names if n.startswith("iteration ")] == \
+            [f"iteration {i}" for i in range(1, STEPS + 1)]
+        plans = [n.split()[1] for n in names if n.startswith("plan ")]
+        assert plans == ["layerwise", "mgwfbp"]  # profiling for one step, then the policy's
         spans = [e for e in events if e["ph"] == "X"]
         assert {"pack", "allreduce", "unpack"} <= {e["name"] for e in spans}
         for span in spans:
-            assert span["dur"] >= 0
+            assert span["dur"] >= 0 and span["ts"] >= 0, span  # after the writer's origin
             if span["tid"] in (1, 2):  # the engine's spans: about one block each
                 assert {"block", "bytes", "op"} <= set(span["args"])
+                assert span["args"]["bytes"] > 0 and span["args"]["op"] == "allreduce", span
             else:  # the training thread: waits on the engine, optimizer updates
                 assert span["tid"] == 3 and span["name"] in ("wait", "update")
-        assert {"wait", "update"} <= {e["name"] for e in spans if e["tid"] == 3}
-        assert any(e["name"].startswith("iteration ") for e in events)
-        assert any(e["name"].startswith("plan mgwfbp") for e in events)
+        thread = [e["name"] for e in spans if e["tid"] == 3]
+        assert thread.count("wait") == thread.count("update") == STEPS  # synchronous plans
+        # Lane 2, per block: the collective, then its unpack from the moment it completed.
+        completion = [e for e in spans if e["tid"] == 2]
+        collectives, unpacks = completion[0::2], completion[1::2]
+        assert len(collectives) == len(unpacks)
+        for collective, unpack in zip(collectives, unpacks, strict=True):
+            assert (collective["name"], unpack["name"]) == ("allreduce", "unpack")
+            assert unpack["args"]["block"] == collective["args"]["block"]
+            assert unpack["ts"] == collective["ts"] + collective["dur"]
+        # Every step reduces every gradient exactly once (no compression: its own bytes).
+        assert sum(c["args"]["bytes"] for c in collectives) == STEPS * gradient_bytes

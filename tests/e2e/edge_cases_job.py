@@ -2,19 +2,21 @@
 with the same settings, for every policy; writes each case's largest difference to argv[1].
 
 One model holds them all: fp32, fp64 and fp16 layers (Horovod 0.28.1 rejects bf16 tensors:
-"Tensor type torch.BFloat16Tensor is not supported", so bf16 gradients have no Horovod twin); a channels-last convolution; a parameter
-stored transposed (non-contiguous gradient); a zero-element parameter; a branch used only on even
-steps; a layer frozen (requires_grad=False) for two steps; a sparse embedding; zero_grad
-alternating set_to_none True and False. A second model is wrapped in the same process and trained
-in turn with the first. The first model's embedding is reduced with sparse_as_dense=True, the
-second's without it: all-gathered as a sparse gradient (Horovod's sparse_allreduce_async), which
-the optimizer then applies with momentum 0 (that parameter group) to a sparse gradient.
+"Tensor type torch.BFloat16Tensor is not supported", so bf16 gradients have no Horovod twin); a
+channels-last convolution; a parameter stored transposed (non-contiguous gradient); a
+zero-element parameter; a branch used only on even steps; a layer frozen (requires_grad=False)
+for two steps; a sparse embedding; zero_grad alternating set_to_none True and False. A second
+model is wrapped in the same process and trained in turn with the first. The first model's
+embedding is reduced with sparse_as_dense=True, the second's without it: all-gathered as a sparse
+gradient (Horovod's sparse_allreduce_async), which the optimizer then applies with momentum 0
+(that parameter group) to a sparse gradient.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as hvd
@@ -23,10 +25,12 @@ from job_results import gather_and_write, run_case
 from torch import nn
 
 import commsched
+from commsched.optimizer import _DistributedOptimizer
 
 STEPS = 6
 POLICIES = ["horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto"]
-KNOBS: dict[str, Any] = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512, "credit_bytes": 1024}
+KNOBS: dict[str, Any] = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512,
+                         "credit_bytes": 1024}
 
 
 class EdgeNet(nn.Module):
@@ -94,9 +98,11 @@ def sgd(model: EdgeNet, sparse_as_dense: bool) -> torch.optim.Optimizer:
 
 
 SPARSE_AS_DENSE = (True, False)  # per model
+# Wraps (optimizer, model, sparse_as_dense): Horovod's DistributedOptimizer or commsched's.
+Wrap = Callable[[torch.optim.Optimizer, EdgeNet, bool], torch.optim.Optimizer]
 
 
-def train(wrap, strided: bool) -> list[EdgeNet]:  # noqa: ANN001 - a factory of wrappers
+def train(wrap: Wrap, strided: bool) -> list[EdgeNet]:
     models = [build(1, strided), build(2, strided)]  # two models, two wrappers, one process
     opts = [wrap(sgd(m, dense), m, dense) for m, dense in zip(models, SPARSE_AS_DENSE, strict=True)]
     for step in range(STEPS):
@@ -107,7 +113,7 @@ def train(wrap, strided: bool) -> list[EdgeNet]:  # noqa: ANN001 - a factory of 
             nn.functional.cross_entropy(model(image, tokens, step).float(), target).backward()
             opt.step()
     for opt in opts:
-        if hasattr(opt, "flush"):
+        if isinstance(opt, _DistributedOptimizer):  # commsched's, not Horovod's
             opt.flush()
             opt.session.close()
     return models

@@ -24,7 +24,8 @@ STEPS = 20
 POLICIES = ["bytescheduler", "prophet", "dear"]
 CONFIGS = (list(itertools.product(POLICIES, ["sgd", "adam", "adamw_steplr"], [1]))
            + list(itertools.product(POLICIES, ["sgd"], [2])))
-KNOBS: dict[str, Any] = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512, "credit_bytes": 1024}
+KNOBS: dict[str, Any] = {"profile_steps": 2, "partition_bytes": 256, "fusion_threshold": 512,
+                         "credit_bytes": 1024}
 
 
 def config_key(policy: str, kind: str, bpps: int) -> str:
@@ -69,7 +70,8 @@ def make_optimizer(kind: str, model: nn.Module):
 
 
 def tokens(step: int, micro: int, rank: int) -> torch.Tensor:
-    return torch.randint(0, 20, (3, 6), generator=torch.Generator().manual_seed(97 * step + 7 * micro + rank))
+    gen = torch.Generator().manual_seed(97 * step + 7 * micro + rank)
+    return torch.randint(0, 20, (3, 6), generator=gen)
 
 
 EVAL = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(12345))
@@ -86,7 +88,8 @@ def train(wrap, kind: str, bpps: int) -> tuple[nn.Module, list[torch.Tensor], An
         opt.zero_grad()
         for micro in range(bpps):
             out = model(tokens(step, micro, hvd.rank()), step % 2 == 0)
-            nn.functional.cross_entropy(out.flatten(0, 1), tokens(step + 1, micro, hvd.rank()).flatten()).backward()
+            target = tokens(step + 1, micro, hvd.rank()).flatten()
+            nn.functional.cross_entropy(out.flatten(0, 1), target).backward()
         opt.step()
         if sched:
             sched.step()
@@ -111,7 +114,8 @@ def compare(policy: str, kind: str, bpps: int) -> dict:
     opt.session.close()
     diffs = {n: float((a - b).detach().abs().max()) for (n, a), (_, b) in
              zip(actual.named_parameters(), expected.named_parameters(), strict=True)}
-    eval_diff = max(float((a - b).abs().max()) for a, b in zip(actual_evals, expected_evals, strict=True))
+    eval_diff = max(float((a - b).abs().max())
+                    for a, b in zip(actual_evals, expected_evals, strict=True))
     ok = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
              for a, b in zip(actual.parameters(), expected.parameters(), strict=True))
     ok &= all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -86,7 +86,8 @@ def compare(policy: str, kind: str, bpps: int, compression: str, groups: int = 0
     rtol, atol = TOLERANCE[compression]
     diffs = {}
     ok = True
-    for (name, a), (_, b) in zip(actual.named_parameters(), expected.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(actual.named_parameters(), expected.named_parameters(),
+                                 strict=True):
         diffs[name] = float((a - b).detach().abs().max())
         ok &= torch.allclose(a, b, rtol=rtol, atol=atol)
     moved = float(max((p.detach() - q.detach()).abs().max()

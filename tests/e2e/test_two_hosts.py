@@ -67,7 +67,8 @@ def test_two_namespace_hosts_train_like_one_host(two_hosts) -> None:
     for rank in range(2):
         result = results[rank]
         assert isinstance(result, subprocess.CompletedProcess), f"node {rank}: {result}"
-        assert result.returncode == 0, f"node {rank} exited {result.returncode}\n{result.stdout[-4000:]}"
+        assert result.returncode == 0, \
+            f"node {rank} exited {result.returncode}\n{result.stdout[-4000:]}"
         # torchrun_job checks every rank's parameters against one process training on the
         # concatenated batch: the one-host result.
         verdicts = re.findall(r"rank (\d) policy (\w+): max diff \S+ (OK|FAIL)", result.stdout)

@@ -74,7 +74,8 @@ def test_name_errors(model) -> None:
 def test_argument_errors(model) -> None:
     with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
         wrap(model, backward_passes_per_step=0)
-    with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
+    with pytest.raises(ValueError,
+                       match="gradient_predivide_factor not supported with op != Average"):
         wrap(model, op=commsched.Sum, gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="groups should be a non-negative integer"):
         wrap(model, groups="two")

@@ -133,8 +133,10 @@ def test_plans_cover_every_element_once_and_keep_one_dtype_per_block() -> None:
         for block in plan.blocks:
             assert {dtype[p.tensor_id] for p in block.pieces} == {block.dtype}
     again = make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg())
-    assert again.fingerprint == make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg()).fingerprint
-    assert again.fingerprint != make_plan(Policy.HOROVOD, specs, Profile(), NetModel(), cfg()).fingerprint
+    same = make_plan(Policy.DDP, specs, Profile(), NetModel(), cfg())
+    horovod = make_plan(Policy.HOROVOD, specs, Profile(), NetModel(), cfg())
+    assert again.fingerprint == same.fingerprint
+    assert again.fingerprint != horovod.fingerprint
 
 
 def test_bytescheduler_sends_highest_priority_ready_partition() -> None:
@@ -165,7 +167,8 @@ def test_dear_reduce_scatter_in_backward_order_then_all_gather_in_forward_order(
     profile = Profile((3e-3, 2e-3, 1e-3, 0.0))
     blocks = plan_dear(specs, profile, cfg(fusion_threshold=800))
     assert [(b.op, b.stage) for b in blocks] == \
-        [(Collective.REDUCE_SCATTER, Stage.BACKWARD)] * 3 + [(Collective.ALL_GATHER, Stage.FORWARD)] * 3
+        [(Collective.REDUCE_SCATTER, Stage.BACKWARD)] * 3 \
+        + [(Collective.ALL_GATHER, Stage.FORWARD)] * 3
     assert block_tensors(blocks) == [[3], [2], [0, 1], [0, 1], [2], [3]]
     assert [b.source for b in blocks[3:]] == [2, 1, 0]
 
@@ -184,7 +187,8 @@ def test_bytescheduler_fuses_ready_partitions_in_priority_order_up_to_partition_
 
 def test_bytescheduler_never_fuses_across_dtypes() -> None:
     specs = specs_of([1, 2, 1], [F32, ("float16", 2), F32])  # 4 B, 4 B, 4 B
-    blocks = plan_bytescheduler(specs, Profile((0.0, 0.0, 0.0)), NetModel(), cfg(partition_bytes=64))
+    blocks = plan_bytescheduler(specs, Profile((0.0, 0.0, 0.0)), NetModel(),
+                                cfg(partition_bytes=64))
     assert block_tensors(blocks) == [[0, 2], [1]]
 
 

@@ -169,8 +169,9 @@ def test_timeline_without_block_ids_counts_by_launch_time(tmp_path: pathlib.Path
     ("one_mark", "no iteration left to analyse"),
     ("bad_profile", "malformed JSON"),
 ])
-def test_errors_exit_2_with_one_line_naming_the_file(
-        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], setup: str, problem: str) -> None:
+def test_errors_exit_2_with_one_line_naming_the_file(tmp_path: pathlib.Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    setup: str, problem: str) -> None:
     target = tmp_path / "run"
     culprit = target / "timeline.rank0.json"
     if setup != "missing":

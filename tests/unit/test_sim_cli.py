@@ -15,7 +15,8 @@ from commsched.sim.profile import BUILTIN_PROFILES, builtin_path
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_simulate_writes_table_json_and_plots(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_simulate_writes_table_json_and_plots(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.json"
     code = main(["--profile", "vgg16", "--workers", "1,16", "--bandwidth", "10gbit,100gbit",
                  "--compression", "1,4", "--json", str(out), "--plot", str(tmp_path / "s.png"),
@@ -79,13 +80,13 @@ def test_fitted_network_of_the_profile(tmp_path: Path) -> None:
     (["--policy", "fastest"], "--policy 'fastest'"),
 ])
 def test_bad_arguments_exit_2_with_a_message(args: list[str], message: str,
-                                             capsys) -> None:  # noqa: ANN001
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--profile", "vgg16", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
 
-def test_malformed_profile_exit_2(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_malformed_profile_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(builtin_path("vgg16").read_text())
     doc["tensors"][3]["numel"] = -4
     path = tmp_path / "bad.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,7 @@ def test_wrong_type_is_named_with_the_value() -> None:
      "collectives.allreduce.beta_s_per_byte"),
     (lambda d: d["modules"][1].update(forward_order=None), "modules[1] ('a').forward_order"),
 ])
-def test_malformed_documents(change, expected: str) -> None:  # noqa: ANN001
+def test_malformed_documents(change: Callable[[dict], object], expected: str) -> None:
     doc = copy.deepcopy(document())
     change(doc)
     assert expected in error_of(doc)

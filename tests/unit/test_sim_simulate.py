@@ -10,6 +10,7 @@ import pytest
 
 from commsched.plan import Block, Collective, Piece, Plan, Stage
 from commsched.sim import LinkNetwork, Mode, RunProfile, profile_from_document, simulate
+from commsched.sim.simulator import SimResult
 
 NET = LinkNetwork(2, 1e5, 1e-3)
 RS, AG = Collective.REDUCE_SCATTER, Collective.ALL_GATHER
@@ -34,7 +35,7 @@ def allreduce_plan(*groups: list[int], sizes: dict[int, int]) -> Plan:
                               for i, g in enumerate(groups)))
 
 
-def spans(result, lane: str) -> list[tuple[str, float, float]]:  # noqa: ANN001
+def spans(result: SimResult, lane: str) -> list[tuple[str, float, float]]:
     return [(e.name, round(e.start_s, 9), round(e.end_s, 9))
             for e in result.events if e.lane == lane]
 

@@ -1,0 +1,73 @@
+"""Every difference between the torch versions commsched supports, in one place.
+
+Supported: torch MIN_TORCH (2.4) up to every patch release of MAX_TESTED_TORCH (2.15), CPU and
+CUDA builds. scripts/setup.sh reads the range from this file (without importing commsched) and
+refuses a torch outside it; scripts/check_torch_compat.sh builds and tests on the oldest one.
+The C++ side has its own single place, csrc/torch_compat.h.
+
+Differences bridged here (torch version that changed it):
+
+* 2.13: ``DistributedDataParallel(broadcast_buffers=...)`` became ``forward_sync_buffers=...``;
+  the old argument warns from 2.13 on and older torch lacks the new one: `ddp_kwargs`.
+* 2.11: Gloo's worker threads are named ``pt_gloo_runloop``; before, they carry the name of the
+  thread that imported torch: `GLOO_WORKER_THREAD_NAME`.
+
+A base layer module: imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+MIN_TORCH = "2.4"
+MAX_TESTED_TORCH = "2.15"
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'2.13.0+cpu' -> (2, 13, 0); '2.15.0a0+git1234' -> (2, 15, 0); '2.4' -> (2, 4, 0).
+    A local suffix (+cpu, +cu130) or a pre-release tag does not change the result."""
+    match = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if match is None:
+        raise ValueError(f"not a torch version: {text!r}")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def _minor(text: str) -> tuple[int, int]:
+    major, minor, _ = parse_version(text)
+    return major, minor
+
+
+TORCH_VERSION: tuple[int, int, int] = parse_version(torch.__version__)
+
+
+def at_least(major: int, minor: int) -> bool:
+    """True when the installed torch is major.minor or newer."""
+    return TORCH_VERSION[:2] >= (major, minor)
+
+
+def is_supported(version: str) -> bool:
+    """Whether a torch version string lies in [MIN_TORCH, MAX_TESTED_TORCH.x]."""
+    return _minor(MIN_TORCH) <= _minor(version) <= _minor(MAX_TESTED_TORCH)
+
+
+def supported_range() -> str:
+    return f"{MIN_TORCH} to {MAX_TESTED_TORCH}.x"
+
+
+def ddp_kwargs(*, sync_buffers: bool) -> dict[str, Any]:
+    """DistributedDataParallel's keyword for syncing buffers at every forward. Before 2.13,
+    ``broadcast_buffers=False`` also skips the buffer broadcast at construction, which
+    ``forward_sync_buffers=False`` still does; ranks that build their model the same way hold
+    the same buffers anyway."""
+    if at_least(2, 13):
+        return {"forward_sync_buffers": sync_buffers}
+    return {"broadcast_buffers": sync_buffers}
+
+
+# The name Gloo's worker threads carry in /proc/<pid>/task/*/comm; None where torch leaves them
+# unnamed (they then share their name with other threads and cannot be told apart by it).
+GLOO_WORKER_THREAD_NAME: str | None = "pt_gloo_runloop" if at_least(2, 11) else None
