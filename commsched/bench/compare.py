@@ -25,6 +25,7 @@ from torch import nn
 
 import commsched
 
+from ..outputs import OutputPathError, prepare_dir
 from ..torch_compat import ddp_kwargs
 from .models import ModelName, batch, build, loss_fn
 
@@ -302,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predict-dir", default="", help="simulate each commsched candidate from "
                         "its own profile (written to this directory) and report prediction errors")
     args = parser.parse_args(argv)
+    try:  # before any training: a bad path is one line now, not a traceback after the run
+        for path, what in ((args.out, "--out"), (args.predict_dir, "--predict-dir")):
+            if path:
+                prepare_dir(path, what)
+    except OutputPathError as err:
+        print(f"compare: {err}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     world = commsched.init()
     if world.size > 1 and not dist.is_initialized():

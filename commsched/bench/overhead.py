@@ -25,6 +25,7 @@ from torch import nn
 
 import commsched
 
+from ..outputs import OutputPathError, prepare_dir
 from .models import ModelName, batch, build, loss_fn
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
@@ -239,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     args = parser.parse_args(argv)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)  # fail before any run, not after
+        try:  # before any run: a bad path is one line now, not a traceback after the run
+            prepare_dir(args.out, "--out")
+        except OutputPathError as err:
+            print(f"overhead: {err}", file=sys.stderr)
+            return 2
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     default = ["mlp", "cnn", "transformer"] + ([GPT2] if args.device == "cuda" else [])

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from ..outputs import OutputPathError, prepare_file
 from ..units import UnitError, parse_bandwidth
 from . import analysis
 from .analysis import ReportError, build_report
@@ -35,6 +36,14 @@ def main(argv: list[str]) -> int:
         return 2
     if args.skip is not None and args.skip < 0:
         print("report: --skip must be >= 0", file=sys.stderr)
+        return 2
+    try:  # before any work: a path that cannot be written is one line, not a late traceback
+        if args.plot:
+            prepare_file(args.plot, "--plot")
+        if args.json_path:
+            prepare_file(args.json_path, "--json")
+    except OutputPathError as exc:
+        print(f"report: {exc}", file=sys.stderr)
         return 2
     try:
         report, traces = build_report(args.run_dir, args.skip, link)

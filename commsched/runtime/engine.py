@@ -93,7 +93,7 @@ class EngineHandle:
                 "waiting_s": None if since is None else time.monotonic() - since,
                 "not_ready": [self.specs[t].name for t in self._engine.not_ready_tensors()]}
 
-    def _guarded(self, call, *args):  # noqa: ANN001, ANN202
+    def _guarded(self, call, *args):
         """Runs an engine wait; a failure is re-raised naming the peers that went silent."""
         self._waiting_since = time.monotonic()
         try:

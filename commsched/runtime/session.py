@@ -26,6 +26,7 @@ from .. import world as world_module
 from ..compression import Compressor
 from ..config import Config, Policy
 from ..ops import ReduceOp
+from ..outputs import prepare_file
 from ..plan import Plan, TensorSpec, dtype_name
 from ..world import check_identical, parameter_signature
 from .clock import StepClock
@@ -34,6 +35,7 @@ from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
 from .sparse import SparseExchange, sparse_parameter_ids, unrouted_sparse_error
+from .timeline import timeline_path
 
 TOO_MANY_BACKWARDS = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -71,6 +73,11 @@ class Session:
                  named: list[tuple[str, torch.Tensor]], options: WrapOptions,
                  config: Config) -> None:
         self.world = world_module.init(config.timeout)
+        # Output files are checked before any group or engine exists (nothing to undo).
+        if config.profile and self.world.rank == 0:  # rank 0 writes it at the re-plan
+            prepare_file(config.profile, "COMMSCHED_PROFILE")
+        if config.timeline:
+            prepare_file(timeline_path(config.timeline, self.world.rank), "COMMSCHED_TIMELINE")
         self.config = config
         self.options = options
         self.iteration = 0
@@ -141,7 +148,7 @@ class Session:
             self.runner.finish()
         self.clock.first_gradient()
 
-    def _gradient_hook(self, tensor_id: int):  # noqa: ANN202 - autograd hook
+    def _gradient_hook(self, tensor_id: int):
         def hook(param: torch.Tensor) -> None:
             if not self._gradients_started:
                 self._first_gradient()
@@ -160,7 +167,7 @@ class Session:
                 self._mark_ready(tensor_id, _dense_layout(param))
         return hook
 
-    def _sparse_hook(self, index: int):  # noqa: ANN202 - autograd hook
+    def _sparse_hook(self, index: int):
         def hook(param: torch.Tensor) -> None:
             # The gradient stays in p.grad until the exchange at synchronize()/step().
             if not self._gradients_started:

@@ -11,6 +11,7 @@ import os
 from typing import IO, Any
 
 from .. import _C
+from ..outputs import prepare_file
 
 LANES = {0: "compute (gradient ready)", 1: "engine: pack + launch",
          2: "completion: collective + unpack", 3: "training thread: waits and updates"}
@@ -25,8 +26,7 @@ def timeline_path(template: str, rank: int) -> str:
 
 class TimelineWriter:
     def __init__(self, template: str, rank: int) -> None:
-        self.path = timeline_path(template, rank)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.path = prepare_file(timeline_path(template, rank), "COMMSCHED_TIMELINE")
         self._rank = rank
         self._origin_us = _C.now_us()
         self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115

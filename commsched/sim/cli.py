@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ..config import Policy, load_config
+from ..outputs import OutputPathError, prepare_file
 from ..units import UnitError, parse_bandwidth
 from .network import Algorithm
 from .profile import (
@@ -195,8 +196,11 @@ def main(argv: list[str]) -> int:
     except SystemExit as exit_:  # argparse exits on --help (0) and on bad arguments (2)
         return int(exit_.code or 0)
     try:
+        for what in ("json", "plot", "timeline", "markdown"):
+            if getattr(args, what):
+                prepare_file(getattr(args, what), f"--{what}")
         return run_command(args)
-    except (UsageError, UnitError, ProfileError, OSError) as err:
+    except (UsageError, UnitError, ProfileError, OutputPathError, OSError) as err:
         print(f"commsched simulate: {err}", file=sys.stderr)
         return 2
 

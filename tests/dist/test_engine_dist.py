@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from helpers import distributed_test
@@ -33,7 +35,7 @@ def _partition_job() -> dict:
         _block(1, AR, [(0, 0, 2)], post=half),
         _block(2, AR, [(2, 0, 3)], wire="float16", pre=2.0, post=half / 2.0),  # fp64 on fp16
     ])
-    out = {}
+    out: dict[int | str, Any] = {}  # per iteration, and what the engine reported
     for iteration in range(2):
         a = torch.arange(5.0) * (rank + 1) + iteration
         b = torch.full((2, 2), float(rank))
@@ -121,7 +123,7 @@ def _decoupled_job() -> dict:
     for tid, grad in ((2, b), (1, w2), (0, w1)):
         engine.mark_ready(tid, grad)
     engine.wait_block(1, 20_000)  # reduce-scatter and allreduce done, all-gather not released
-    out = {"b": b.tolist(), "w1_before_gather": w1.tolist()}
+    out: dict[str, Any] = {"b": b.tolist(), "w1_before_gather": w1.tolist()}
     engine.release(2)
     engine.wait_all(20_000)
     out.update(w1=w1.tolist(), w2=w2.tolist())

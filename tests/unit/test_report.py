@@ -204,9 +204,21 @@ def test_bad_options_exit_2(run_dir: pathlib.Path, capsys: pytest.CaptureFixture
     assert command.main([str(run_dir), "--skip", "-1"]) == 2
     assert command.main([]) == 2  # argparse: RUN_DIR is required
     capsys.readouterr()
-    assert command.main([str(run_dir), "--json", str(run_dir / "no" / "out.json")]) == 2
+    blocker = run_dir / "a-file"
+    blocker.write_text("not a folder")
+    unwritable = blocker / "out.json"  # its folder would have to be a file's child
+    assert command.main([str(run_dir), "--json", str(unwritable)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and str(run_dir / "no" / "out.json") in err[0], err
+    assert len(err) == 1 and str(unwritable) in err[0] and "--json" in err[0], err
+    assert not (run_dir / "report.png").exists()  # failed at start: nothing was drawn
+
+
+def test_output_folders_are_created(run_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "new" / "deeper"
+    assert command.main([str(run_dir), "--json", str(out / "r.json"),
+                         "--plot", str(out / "r.png")]) == 0
+    assert json.loads((out / "r.json").read_text())["ranks"]
+    assert (out / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_interval_helpers() -> None:
