@@ -29,9 +29,9 @@ def test_block_spec_keeps_every_named_field() -> None:
 
 def test_block_spec_takes_no_positional_tuple() -> None:
     with pytest.raises(TypeError):
-        _C.BlockSpec(0, 0, "float32", 1.0, 1.0, [], False, -1)  # type: ignore[misc]
+        _C.BlockSpec(0, 0, "float32", 1.0, 1.0, [], False, -1)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
-        _C.PieceSpec(0, 0, 4)  # type: ignore[misc]
+        _C.PieceSpec(0, 0, 4)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("bad", [{"op": 3}, {"op": -1}, {"wire_dtype": "complex64"},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -72,7 +73,7 @@ def test_simulate_refuses_bad_outputs_and_makes_folders(
                                            ("profile", "COMMSCHED_PROFILE")])
 def test_file_knobs_fail_at_wrap_time(knob: str, variable: str, blocker: pathlib.Path) -> None:
     model = nn.Linear(2, 2)
+    knobs: dict[str, Any] = {knob: str(blocker / "x.json")}
     with pytest.raises(OutputPathError, match=variable):
         commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(),
-                                       **{knob: str(blocker / "x.json")})
+                                       named_parameters=model.named_parameters(), **knobs)
