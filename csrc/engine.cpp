@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 
 namespace commsched {
 
@@ -320,7 +321,16 @@ void Engine::complete(InFlight& item) {
   const BlockSpec& block = plan_[item.position];
   std::optional<c10::StreamGuard> guard;
   if (item.stream) guard.emplace(*item.stream);
-  item.collective->wait(std::chrono::milliseconds(timeout_ms_));
+  const int64_t waiting_since = now_us();
+  try {
+    item.collective->wait(std::chrono::milliseconds(timeout_ms_));
+  } catch (const std::exception& e) {
+    // The transport's own timeout and wait_all's race: say which limit ran out either way.
+    if ((now_us() - waiting_since) / 1000 + 50 < timeout_ms_) throw;
+    std::ostringstream message;
+    message << "timed out after " << timeout_ms_ / 1000.0 << " s (COMMSCHED_TIMEOUT): " << e.what();
+    throw std::runtime_error(message.str());
+  }
   const int64_t done = now_us();
   const std::vector<at::Tensor>& grads = grads_;  // in place: see engine.h
   if (block.op == Collective::kAllreduce) FusionBuffer::unpack(block, item.buffer, grads);
