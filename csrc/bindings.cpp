@@ -115,6 +115,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return out;
            })
       .def_property_readonly("world_size", &Engine::world_size)
+      .def_property_readonly("packed_bytes", &Engine::packed_bytes)
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("release_transport", &Engine::release_transport,
            py::call_guard<py::gil_scoped_release>());

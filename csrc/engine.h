@@ -73,6 +73,8 @@ class Engine {
   // tensor the last finished collective held.
   void release_transport();
   int64_t world_size() const { return world_size_; }
+  // Bytes copied into fusion buffers since the engine was made (zero-copy blocks add nothing).
+  int64_t packed_bytes() const { return packed_bytes_.load(); }
 
  private:
   struct InFlight {
@@ -139,6 +141,7 @@ class Engine {
   int64_t in_flight_bytes_ = 0;
 
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> packed_bytes_{0};
   std::thread engine_thread_;
   std::thread completion_thread_;
 };

@@ -16,71 +16,65 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 
 class HyperParameterSnapshots:
-    """Per user param group, its hyper-parameters at the last ``step()``."""
+    """Per user param group, its hyper-parameters at the last ``step()``; the views made from
+    it are refreshed with every snapshot."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = optimizer
         self.groups: list[dict[str, Any]] = []
+        self._views: list[ParamGroupView] = []
         self.take()
 
     def take(self) -> None:
         self.groups = [{k: v for k, v in g.items() if k != "params"}
                        for g in self._optimizer.param_groups]
+        for view in self._views:
+            view.refresh(self.groups[view.index])
+
+    def register(self, view: ParamGroupView) -> None:
+        self._views.append(view)
 
 
 class ParamGroupView(dict):
+    """A param group of the subset optimizer: a plain dict holding ``params`` (the subset) and
+    the hyper-parameters as snapshotted at ``step()`` (refreshed by each snapshot), so that the
+    optimizer's many reads cost what a dict's do. Writes go through to the user's group and the
+    snapshot as well."""
+
     def __init__(self, user_group: dict[str, Any], params: list[torch.Tensor],
                  snapshots: HyperParameterSnapshots, index: int) -> None:
-        super().__init__(params=params)
+        super().__init__()
         self._user = user_group
+        self._params = params
         self._snapshots = snapshots
-        self._index = index
+        self.index = index
+        self.refresh(snapshots.groups[index])
+        snapshots.register(self)
 
-    def _hyper(self) -> dict[str, Any]:
-        return self._snapshots.groups[self._index]
-
-    def __getitem__(self, key: str) -> Any:
-        return dict.__getitem__(self, key) if key == "params" else self._hyper()[key]
+    def refresh(self, hyper: dict[str, Any]) -> None:
+        dict.clear(self)
+        dict.__setitem__(self, "params", self._params)
+        dict.update(self, hyper)
 
     def __setitem__(self, key: str, value: Any) -> None:
+        dict.__setitem__(self, key, value)
         if key == "params":
-            dict.__setitem__(self, key, value)
+            self._params = value
         else:
             self._user[key] = value
-            self._hyper()[key] = value
-
-    def __contains__(self, key: object) -> bool:
-        return key == "params" or key in self._hyper()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default  # noqa: SIM401 - self.get would recurse
+            self._snapshots.groups[self.index][key] = value
 
     def setdefault(self, key: str, default: Any = None) -> Any:
         if key not in self:
             self[key] = default
-        return self[key]
-
-    def keys(self) -> list[str]:  # type: ignore[override]
-        return ["params", *self._hyper()]
-
-    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
-        return [(k, self[k]) for k in self.keys()]
-
-    def values(self) -> list[Any]:  # type: ignore[override]
-        return [self[k] for k in self.keys()]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.keys())
+        return dict.__getitem__(self, key)
 
 
 def adopt_plain_attributes(target: torch.optim.Optimizer, source: torch.optim.Optimizer) -> None:
@@ -123,6 +117,9 @@ class DeferredUpdates:
         self._user = user
         self._snapshots = HyperParameterSnapshots(user)
         self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
+        # torch wraps every optimizer class's step with profiler spans and the step hooks; the
+        # user's step() already ran that wrapper once, so the subsets call the step itself.
+        self._step = getattr(base_cls.step, "__wrapped__", base_cls.step)
 
     def snapshot(self) -> None:
         self._snapshots.take()
@@ -142,7 +139,7 @@ class DeferredUpdates:
         if grads is not None:
             for param, grad in zip(params, grads, strict=True):
                 param.grad = grad
-        self._optimizer_for(params).step()
+        self._step(self._optimizer_for(params))
         for param in params:
             param.grad = None
 
@@ -160,7 +157,7 @@ class DeferredUpdates:
         samples = []
         for subset in ([params[smallest]], params[:smallest] + params[smallest + 1:]):
             started = time.perf_counter()
-            self._optimizer_for(subset).step()
+            self._step(self._optimizer_for(subset))
             samples.append((sum(p.numel() * p.element_size() for p in subset),
                             time.perf_counter() - started))
         return samples

@@ -229,3 +229,30 @@ def test_engine_shutdown_destroys_its_group_at_once() -> None:
     for out in results.values():
         assert out["during"] > out["before"]  # the engine's group has worker threads
         assert out["after"] == out["before"], out
+
+
+def _zero_copy_job() -> dict:
+    import commsched
+
+    world = commsched.init()
+    engine = _C.Engine(world.process_group, ["w", "x", "y", "h"], 20_000)
+    engine.install_plan([
+        _block(0, AR, [(0, 0, 6)]),  # one whole contiguous float32 gradient: no copy
+        _block(1, AR, [(1, 0, 3), (2, 0, 2)]),  # two tensors fused: 5 float32 copied
+        _block(2, AR, [(3, 0, 4)], wire="float16"),  # a cast on the wire: 4 float16 copied
+    ])
+    w = torch.full((2, 3), float(world.rank + 1))
+    tensors = [w, torch.ones(3), torch.ones(2), torch.ones(4)]
+    for tid, tensor in enumerate(tensors):
+        engine.mark_ready(tid, tensor)
+    engine.wait_all(20_000)
+    packed = engine.packed_bytes
+    engine.shutdown()
+    return {"packed": packed, "w": w.flatten().tolist()}
+
+
+def test_single_tensor_blocks_are_reduced_in_place() -> None:
+    results = distributed_test(_zero_copy_job, world_size=2, timeout=90)
+    for out in results.values():
+        assert out["packed"] == 5 * 4 + 4 * 2  # the fused and the cast block only
+        assert out["w"] == [3.0] * 6  # 1 + 2, reduced in the gradient's own memory

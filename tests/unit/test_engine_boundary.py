@@ -68,5 +68,7 @@ def test_engine_handle_installs_a_plan_as_structs() -> None:
         handle.wait()  # a world of one: the "reduction" leaves every value as it was
         assert torch.equal(w, torch.arange(6.0)) and torch.equal(b, torch.ones(2))
         assert handle.plan is plan and handle.rounds == 1
+        # A world of one packs nothing, not even the two-piece block (Note [A world of one]).
+        assert handle._engine.packed_bytes == 0
     finally:
         handle.shutdown()
