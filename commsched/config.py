@@ -91,9 +91,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("timeout", Kind.SECONDS, 300.0, "Limit of every wait (collectives, bootstrap, flush); "
          "its error names the blocks and tensors that were not ready.", minimum=0,
          exclusive_minimum=True, maximum=7 * 24 * 3600),
-    Knob("stall_warning", Kind.SECONDS, 60.0, "Rank 0 warns, per rank, which gradients are ready "
-         "on some ranks and missing on others once a rank has waited this long (0: never).",
-         minimum=0, maximum=7 * 24 * 3600),
+    Knob("stall_warning", Kind.SECONDS, None, "Rank 0 warns which ranks are behind and how (the "
+         "gradients ready on some ranks and missing on them, or the phase they are stuck in) once "
+         "a rank has waited this long (0: never); unset: a fifth of `timeout`, so that the "
+         "warning comes before the timeout's error.", minimum=0, maximum=7 * 24 * 3600),
     Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod`: most bytes fused into one "
          "collective (0 disables fusion); `dear`: most bytes of one reduce-scatter buffer.",
          minimum=0, maximum=1 << 40, horovod_twin="HOROVOD_FUSION_THRESHOLD"),
@@ -265,4 +266,15 @@ def load_config(overrides: Mapping[str, Any] | None = None,
             values[knob.key] = None
         else:
             values[knob.key] = parse_value(knob, knob.default, f"default of {knob.key}")
+    if values["stall_warning"] is None:
+        values["stall_warning"] = default_stall_warning(values["timeout"])
     return Config(**values)
+
+
+STALL_WARNING_SHARE = 0.2  # of the timeout: 60 s for the default 300 s
+
+
+def default_stall_warning(timeout: float) -> float:
+    """COMMSCHED_STALL_WARNING when unset: a fifth of the timeout, so that rank 0's warning about
+    a late rank always comes before the error that the timeout raises."""
+    return timeout * STALL_WARNING_SHARE

@@ -62,6 +62,7 @@ class FactorExchange:
         self.submitted: dict[str, torch.Tensor] = {}
         self.engine = EngineHandle(world, self.specs, cfg.timeout) if world.size > 1 else None
         if self.engine is not None:
+            self.engine.label = "K-FAC factors"  # in a failed wait's diagnosis
             first = (make_profiling_plan(self.specs, Profile()) if profile_steps > 0 else
                      make_plan(Policy.MGWFBP, self.specs, Profile(),
                                self.engine.profiler.net_model(cfg.alpha, cfg.beta), cfg))
@@ -165,6 +166,7 @@ class ResultExchange:
         if world.size > 1 and self.where:
             spec = TensorSpec(0, "kfac.decompositions", total, dtype_name(dtype), dtype.itemsize, 0)
             self.engine = EngineHandle(world, [spec], cfg.timeout)
+            self.engine.label = "K-FAC decompositions"
             block = Block(0, (Piece(0, 0, total),), dtype_name(dtype), op=Collective.ALL_GATHER)
             plan = Plan("kfac-decompositions", (block,))
             check_identical(world, "K-FAC decomposition layout", [plan.fingerprint, self.slice])

@@ -14,7 +14,7 @@ from .. import _C
 from ..compression import Compressor
 from ..plan import Collective, Plan, Stage, TensorSpec, dtype_name
 from ..world import World, registry
-from ..world.errors import RankFailureError
+from ..world.errors import RankFailureError, without_backtrace
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
@@ -36,6 +36,10 @@ check_collective_codes()
 
 
 class EngineHandle:
+    # What its tensors are, in the heartbeats and the failure diagnosis (K-FAC's exchanges name
+    # theirs): a wrapped optimizer's engine carries gradients.
+    label = "gradients"
+
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
         self.specs = specs
@@ -87,21 +91,26 @@ class EngineHandle:
         return list(self._engine.not_ready_tensors())
 
     def progress(self) -> dict:
-        """What the heartbeat publishes for the stall inspector (called from its thread)."""
+        """What the heartbeat publishes for the failure diagnosis and the stall inspector (called
+        from its thread): the iteration the user sees, the round of waits the engine is in (the
+        tensors not handed over yet are comparable across ranks in the same round), how long the
+        training thread has been waiting on it, and those tensors."""
         since = self._waiting_since
-        return {"iteration": self._iteration(),
+        return {"iteration": self._iteration(), "round": self.rounds, "label": self.label,
                 "waiting_s": None if since is None else time.monotonic() - since,
                 "not_ready": [self.specs[t].name for t in self._engine.not_ready_tensors()]}
 
     def _guarded(self, call, *args):
-        """Runs an engine wait; a failure is re-raised naming the peers that went silent."""
+        """Runs an engine wait; a failure is re-raised starting with the ranks that hold this one
+        up and how (world.liveness.diagnose: silent, left, or stuck where and for how long)."""
         self._waiting_since = time.monotonic()
         try:
             return call(*args)
         except RuntimeError as err:
             liveness = getattr(self._world, "liveness", None)
-            verdict = liveness.silent_ranks()[1] if liveness is not None else ""
-            raise RankFailureError(f"{verdict}: {err}" if verdict else str(err)) from err
+            verdict = liveness.diagnose().text if liveness is not None else ""
+            text = without_backtrace(err)
+            raise RankFailureError(f"{verdict}: {text}" if verdict else text) from err
         finally:
             self.waited_s += time.monotonic() - self._waiting_since
             self._waiting_since = None

@@ -15,6 +15,7 @@ DistributedOptimizer keeps Horovod's surface and delegates everything else here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from ..config import Config, Policy
 from ..ops import ReduceOp
 from ..outputs import prepare_file
 from ..plan import Plan, TensorSpec, dtype_name
-from ..world import check_identical, parameter_signature
+from ..world import check_identical, parameter_signature, registry
 from .clock import StepClock
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
@@ -36,6 +37,9 @@ from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
 from .sparse import SparseExchange, sparse_parameter_ids, unrouted_sparse_error
 from .timeline import timeline_path
+
+# The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
+_activity = registry.activity
 
 TOO_MANY_BACKWARDS = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -72,7 +76,7 @@ class Session:
     def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                  named: list[tuple[str, torch.Tensor]], options: WrapOptions,
                  config: Config) -> None:
-        self.world = world_module.init(config.timeout)
+        self.world = world_module.init(config.timeout, config.stall_warning)
         # Output files are checked before any group or engine exists (nothing to undo).
         if config.profile and self.world.rank == 0:  # rank 0 writes it at the re-plan
             prepare_file(config.profile, "COMMSCHED_PROFILE")
@@ -88,6 +92,10 @@ class Session:
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
         self._delay = [self.passes] * len(self.specs)
+        # Gradients handed over this iteration (any pass), and how many reached the engine:
+        # counters, so that zero_grad() and step() need no walk over every parameter.
+        self._handed = 0
+        self._marked = 0
         self._gradients_started = False
         self._check_ranks_agree(routed)
         self.deferred = DeferredUpdates(base_cls, optimizer)
@@ -106,6 +114,7 @@ class Session:
                        for tid, p in enumerate(self.params) if p.numel() > 0]
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, p in enumerate(self.sparse.params)]
+        _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _check_ranks_agree(self, routed: list[tuple[str, torch.Tensor]]) -> None:
         check_identical(self.world, "wrapped parameters (name, shape, dtype)",
@@ -142,6 +151,7 @@ class Session:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
         self._gradients_started = True
+        _activity.now = ("backward", time.monotonic(), self.iteration)
         self.lifecycle.settle(self.iteration)
         if self.runner is not None and self.runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
@@ -163,7 +173,9 @@ class Session:
                                                 self.options.model is not None)
                 param.grad = param.grad.to_dense()
             self._delay[tensor_id] = remaining - 1
+            self._handed += 1
             if remaining == 1:
+                self._marked += 1
                 self._mark_ready(tensor_id, _dense_layout(param))
         return hook
 
@@ -182,11 +194,12 @@ class Session:
     @property
     def pending(self) -> bool:
         """Whether some gradient of this iteration was handed over and not yet reduced."""
-        return any(d != self.passes for d in self._delay) or self.sparse.pending(self.passes)
+        return self._handed > 0 or (len(self.sparse) > 0 and self.sparse.pending(self.passes))
 
     def set_passes(self, passes: int) -> None:
         self.passes = passes
         self._delay = [passes] * len(self.specs)
+        self._handed = self._marked = 0
         self.sparse.reset(passes)
 
     # -- the end of an iteration ----------------------------------------------------------------
@@ -194,6 +207,8 @@ class Session:
     def _launch_rest(self) -> None:
         """Marks every gradient not produced on this rank as ready, as zeros (Horovod's rule:
         another rank may have computed it)."""
+        if self._marked == len(self._hooks) - len(self.sparse):
+            return  # every hooked gradient is with the engine (zero-size ones are in no block)
         for tensor_id in self.engine.not_ready():
             param = self.params[tensor_id]
             if param.grad is None:
@@ -204,6 +219,7 @@ class Session:
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
+        _activity.now = ("step", time.monotonic(), self.iteration)
         self.flush()
         self.lifecycle.settle(self.iteration)
         self._launch_rest()
@@ -215,6 +231,7 @@ class Session:
         """step() of an overlap plan: launch the rest and leave the update to the next forward."""
         runner = self.runner
         assert runner is not None
+        _activity.now = ("step", time.monotonic(), self.iteration)
         runner.finish()
         self.lifecycle.settle(self.iteration)
         self._launch_rest()
@@ -225,6 +242,7 @@ class Session:
         self._end_iteration()
         self.engine.profiler.note("step_s", runner.take_update_seconds())
         self.clock.step_ended()
+        _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         """The user's optimizer step under a synchronous plan, timed for the profiler and the
@@ -243,6 +261,7 @@ class Session:
         profiler.note("step_s", (self.clock.step_end_us - started) / 1e6)
         for nbytes, seconds in samples:
             profiler.note_update(nbytes, seconds)
+        _activity.now = ("forward", time.monotonic(), self.iteration)
         return result
 
     def _end_iteration(self) -> None:

@@ -20,6 +20,7 @@ largest; every wait is bounded by the group's timeout.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 import torch
@@ -27,7 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ops import ReduceOp
-from ..world import RankFailureError, World
+from ..world import RankFailureError, World, registry
+from ..world.errors import without_backtrace
 from .deferred import DeferredUpdates
 
 NEEDS_ROUTE = ("pass sparse_as_dense=True to DistributedOptimizer, or pass model=model so that "
@@ -91,13 +93,21 @@ class SparseExchange:
     # -- the exchange ---------------------------------------------------------------------------
 
     def _wait(self, work: Any, what: str) -> None:
+        # The heartbeats say "in a collective" meanwhile: peers waiting on this rank then do not
+        # take it for one stuck outside any.
+        activity = registry.activity
+        previous = activity.now
+        activity.now = ("collective", time.monotonic(), previous[2] if previous else 0)
         try:
             work.wait(self._timeout)
         except RuntimeError as err:
             liveness = getattr(self._world, "liveness", None)
-            verdict = liveness.silent_ranks()[1] if liveness is not None else ""
-            raise RankFailureError(f"commsched: all-gather of sparse gradient {what} failed"
-                                   f"{': ' + verdict if verdict else ''}: {err}") from err
+            verdict = liveness.diagnose().text if liveness is not None else ""
+            raise RankFailureError(f"{verdict + ': ' if verdict else ''}commsched: all-gather of "
+                                   f"sparse gradient {what} failed: {without_backtrace(err)}"
+                                   ) from err
+        finally:
+            activity.now = previous
 
     def _all_gather(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
         out = [torch.empty_like(tensor) for _ in range(self._world.size)]

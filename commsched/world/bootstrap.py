@@ -177,10 +177,15 @@ def _existing_world(timeout: float) -> World:
     return _world_from_group(rank, size, local_rank, Launcher.EXISTING, False, timeout)
 
 
-def init(timeout: float | None = None) -> World:
-    """Initialises commsched once per process and returns the world; later calls return it."""
+def init(timeout: float | None = None, stall_warning: float | None = None) -> World:
+    """Initialises commsched once per process and returns the world; later calls return it.
+    `stall_warning` (a wrapped optimizer's resolved knob) is what rank 0's stall inspector uses
+    from then on, also when the world exists already: its default follows that optimizer's
+    timeout, which the world, made by an earlier ``commsched.init()``, may not know."""
     global _world
     if _world is not None:
+        if stall_warning is not None and _world.liveness is not None:
+            _world.liveness.stall_warning = stall_warning
         return _world
     seconds = timeout if timeout is not None else load_config().timeout
     if dist.is_available() and dist.is_initialized():
@@ -191,13 +196,13 @@ def init(timeout: float | None = None) -> World:
         _world = _torchrun_world(seconds)
     else:
         _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
-    _start_liveness(_world)
+    _start_liveness(_world, stall_warning)
     log.debug("commsched.init: rank %d of %d via %s", _world.rank, _world.size,
               _world.launcher.value)
     return _world
 
 
-def _start_liveness(w: World) -> None:
+def _start_liveness(w: World, stall_warning: float | None) -> None:
     address = w.store_address
     if address is None and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
         address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
@@ -205,7 +210,9 @@ def _start_liveness(w: World) -> None:
         return
     from .liveness import Liveness
 
-    w.liveness = Liveness(address[0], address[1], w.rank, w.size, load_config().stall_warning,
+    if stall_warning is None:  # unset, it follows the world's timeout
+        stall_warning = load_config({"timeout": w.timeout}).stall_warning
+    w.liveness = Liveness(address[0], address[1], w.rank, w.size, stall_warning,
                           registry.participants)
 
 

@@ -22,6 +22,21 @@ class Participant(Protocol):
     def shutdown(self) -> None: ...
 
 
+class Activity:
+    """What this process's training thread is doing, for the heartbeats: `now` is (phase, since,
+    iteration), set by the session with one assignment when the phase changes (at the first
+    gradient: "backward"; in synchronize()/step(): "step"; when step() returns: "forward";
+    in a wait outside the engines: "collective"), read by the heartbeat thread. `since` is
+    time.monotonic(); None before any session ran."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now: tuple[str, float, int] | None = None
+
+
+activity = Activity()
+
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
