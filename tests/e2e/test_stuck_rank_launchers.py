@@ -1,6 +1,7 @@
-"""A rank that is alive but stuck (stuck_rank_job.py) under horovodrun and torchrun: rank 0's
-uncaught RankFailureError names it and how it is stuck, within COMMSCHED_TIMEOUT + 10 s, the
-launcher exits non-zero, and no process of the job is left behind."""
+"""A rank that is alive but stuck (dead_rank_job.py POLICY stuck) under horovodrun and
+torchrun: rank 0's uncaught RankFailureError names it and how it is stuck, within
+COMMSCHED_TIMEOUT + 10 s, the launcher exits non-zero, and no process of the job is left
+behind."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import subprocess
 import time
 
 import pytest
+from dead_rank_job import STUCK_TIMEOUT as TIMEOUT
 from launch import horovodrun, torchrun
-from stuck_rank_job import TIMEOUT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOB = os.path.join(HERE, "stuck_rank_job.py")
+JOB = os.path.join(HERE, "dead_rank_job.py")
 START_UP = 40.0  # the launcher, torch imports and rendezvous on a loaded 2-core machine
 
 
@@ -28,7 +29,7 @@ def _leftovers() -> list[str]:
 def test_stuck_rank_fails_the_job_naming_it(launcher: str, policy: str) -> None:
     run = horovodrun if launcher == "horovodrun" else torchrun
     started = time.monotonic()
-    result = run(2, JOB, policy, timeout=START_UP + TIMEOUT + 60, expect_ok=False)
+    result = run(2, JOB, policy, "stuck", timeout=START_UP + TIMEOUT + 60, expect_ok=False)
     elapsed = time.monotonic() - started
     assert result.returncode != 0, result.stdout[-3000:]
     assert "RankFailureError: rank 1 is stuck after backward, before step(), in iteration 4" \
