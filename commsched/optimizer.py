@@ -111,6 +111,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if entry is not None:
             checkpoint.validate(self.session, entry)  # before torch's state changes
         super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.KEY})
+        self.session.deferred.invalidate()  # torch replaced the state and param-group dicts
         if entry is not None:
             checkpoint.restore(self.session, entry)
 

@@ -8,7 +8,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 OUT="${OUT:-benchmarks/overhead}"
 ROUNDS="${ROUNDS:-5}"
-export COMMSCHED_BENCH_COMMAND="scripts/bench_overhead.sh"
+export OVERHEAD_COMMAND="scripts/bench_overhead.sh"
 .venv/bin/python -m commsched.bench.overhead --device cpu --rounds "$ROUNDS" --out "$OUT/cpu"
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   .venv/bin/python -m commsched.bench.overhead --device cuda --rounds "$ROUNDS" --out "$OUT/gpu"

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "steps": args.steps, "warmup": args.warmup,
                                       "threads": args.threads}), flush=True)
     command = "python -m commsched.bench.overhead " + shlex.join(argv_of(argv))
-    meta = {"device": args.device, "command": os.environ.get("COMMSCHED_BENCH_COMMAND", command),
+    meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
             "torch": torch.__version__, "optimizer": args.optimizer, "rounds": args.rounds,
             "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
             "args": vars(args)}

@@ -41,6 +41,9 @@ class HyperParameterSnapshots:
     def register(self, view: ParamGroupView) -> None:
         self._views.append(view)
 
+    def forget_views(self) -> None:
+        self._views.clear()
+
 
 class ParamGroupView(dict):
     """A param group of the subset optimizer: a plain dict holding ``params`` (the subset) and
@@ -77,12 +80,21 @@ class ParamGroupView(dict):
         return dict.__getitem__(self, key)
 
 
+# The wrapper's session, and GradScaler's per-step attributes (set on the optimizer for the
+# duration of one step() only: a copy would go stale).
+_NOT_ADOPTED = ("session", "grad_scale", "found_inf")
+
+# Distinct subsets kept with their sub-optimizer: a plan uses a fixed few; leftover sets vary.
+_MAX_SUBSETS = 64
+
+
 def adopt_plain_attributes(target: torch.optim.Optimizer, source: torch.optim.Optimizer) -> None:
     """Carries over instance attributes the optimizer's own __init__ set (fused flags, LBFGS's
     caches) but no callables: an LR scheduler wraps ``step`` in a plain function stored on the
     instance, and a copy of that would step the source optimizer instead."""
     for key, value in vars(source).items():
-        if key.startswith("_cs_") or key == "session" or key in vars(target) or callable(value):
+        if key.startswith("_cs_") or key in _NOT_ADOPTED or key in vars(target) \
+                or callable(value):
             continue
         setattr(target, key, value)
 
@@ -119,7 +131,20 @@ class DeferredUpdates:
         self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         # torch wraps every optimizer class's step with profiler spans and the step hooks; the
         # user's step() already ran that wrapper once, so the subsets call the step itself.
-        self._step = getattr(base_cls.step, "__wrapped__", base_cls.step)
+        hooked = getattr(base_cls.step, "hooked", False)  # torch's own wrapper, not the user's
+        self._step = base_cls.step.__wrapped__ if hooked else base_cls.step  # type: ignore[attr-defined]
+        # Splitting one update into calls on subsets is exact for torch's own optimizers, which
+        # update each parameter from its own gradient and state; others may clip by a global
+        # norm or sum over every parameter (LAMB, D-Adaptation), and GradScaler hands a fused
+        # optimizer its scale for one whole step only.
+        self.splittable = base_cls.__module__.startswith("torch.optim")
+
+    def invalidate(self) -> None:
+        """Drops every cached sub-optimizer: after the user's optimizer loaded a state_dict (its
+        state and param-group dicts are new objects, which the subsets must share), or when too
+        many subsets were seen. The snapshot itself is kept."""
+        self._subs.clear()
+        self._snapshots.forget_views()
 
     def snapshot(self) -> None:
         self._snapshots.take()
@@ -128,6 +153,8 @@ class DeferredUpdates:
         key = tuple(id(p) for p in params)
         sub = self._subs.get(key)
         if sub is None:
+            if len(self._subs) >= _MAX_SUBSETS:
+                self.invalidate()
             sub = block_optimizer(self._base_cls, self._user, list(params), self._snapshots)
             self._subs[key] = sub
         return sub
@@ -150,7 +177,8 @@ class DeferredUpdates:
         the two (bytes, seconds) samples tell a call's fixed cost from its cost per byte."""
         params = [p for group in self._user.param_groups for p in group["params"]
                   if p.grad is not None]
-        if len(params) < 2:
+        if len(params) < 2 or not self.splittable \
+                or getattr(self._user, "_step_supports_amp_scaling", False):
             return []
         self.snapshot()
         smallest = min(range(len(params)), key=lambda i: params[i].numel())

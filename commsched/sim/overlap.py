@@ -84,8 +84,11 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     gather_index = {pos: i for i, pos in enumerate(gathers)}
     nbytes = {t.tensor_id: t.nbytes for t in run.tensors}
     starting: dict[str, list[UpdateGroup]] = {}
+    names = [name for name, _ in compute.modules]
     for group in groups_of(run, plan, needs):
-        starting.setdefault(group.module, []).append(group)
+        # A module the profile does not list: the runtime applies its group at the root.
+        start = group.module if group.module in names or not names else names[0]
+        starting.setdefault(start, []).append(group)
     grouped = {t for groups in starting.values() for g in groups for t in g.tensor_ids}
     last_ready = max(blocks.ready, default=0.0)
     rest = max(compute.before_first_ready_s - compute.forward_s, 0.0)

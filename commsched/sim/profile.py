@@ -37,19 +37,11 @@ class ProfileError(ValueError):
 
 
 @dataclass(frozen=True)
-class TensorRecord:
-    tensor_id: int
-    name: str
-    numel: int
-    dtype: str
-    element_size: int
-    forward_index: int
-    ready_time_s: float | None
-    module: str | None
+class TensorRecord(TensorSpec):
+    """A tensor as the profile describes it: the planner's spec, plus what was measured."""
 
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.element_size
+    ready_time_s: float | None = None
+    module: str | None = None  # its first user in forward order (null without model=)
 
 
 @dataclass(frozen=True)
@@ -161,7 +153,7 @@ def _tensor(r: _Reader, row: Any, i: int, version: int) -> TensorRecord:
     # Schema 1 had no `module`: treated as missing, like a profile taken without model=.
     module = r.text(row, "module", where, nullable=True) if version >= 2 else None
     return TensorRecord(tensor_id, name, numel, dtype, size, forward_index,
-                        r.seconds(row, "ready_time_s", where), module)
+                        ready_time_s=r.seconds(row, "ready_time_s", where), module=module)
 
 
 def _module(r: _Reader, row: Any, i: int, version: int) -> ModuleRecord:

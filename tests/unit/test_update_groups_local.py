@@ -3,6 +3,7 @@ where a group starts, and the same parameters as the plain optimizer."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -116,3 +117,19 @@ def test_a_skipped_group_start_is_applied_by_the_next_module_that_needs_it() -> 
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
     ours.session.close()
+
+
+def test_deferred_updates_advance_the_state_loaded_by_load_state_dict() -> None:
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                         named_parameters=model.named_parameters(),
+                                         model=model, policy="bytescheduler", profile_steps=2)
+    _train(model, opt, 4)  # the overlap plan runs: sub-optimizers are cached
+    saved = copy.deepcopy(opt.state_dict())  # as from a checkpoint file: new tensors
+    opt.load_state_dict(saved)  # torch makes new state and param-group dicts
+    weight = model[0].weight
+    loaded, loaded_step = opt.state[weight]["exp_avg"].clone(), float(opt.state[weight]["step"])
+    _train(model, opt, 2)
+    assert not torch.equal(opt.state[weight]["exp_avg"], loaded)  # the loaded state moved on
+    assert float(opt.state[weight]["step"]) == loaded_step + 2
+    opt.session.close()
