@@ -127,7 +127,7 @@ def test_deferred_updates_advance_the_state_loaded_by_load_state_dict() -> None:
     _train(model, opt, 4)  # the overlap plan runs: sub-optimizers are cached
     saved = copy.deepcopy(opt.state_dict())  # as from a checkpoint file: new tensors
     opt.load_state_dict(saved)  # torch makes new state and param-group dicts
-    weight = model.get_submodule("0").weight
+    weight = model.get_parameter("0.weight")
     loaded, loaded_step = opt.state[weight]["exp_avg"].clone(), float(opt.state[weight]["step"])
     _train(model, opt, 2)
     assert not torch.equal(opt.state[weight]["exp_avg"], loaded)  # the loaded state moved on
