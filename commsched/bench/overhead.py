@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -121,16 +122,20 @@ def _sync(device: torch.device) -> None:
 
 def run(candidates: list[Candidate], work: Workload, device: torch.device, warmup: int,
         rounds: int, steps: int, autocast: bool) -> None:
-    """Each round runs every candidate for `steps` timed steps after one untimed one; a step's
-    time is from the end of the previous step to the end of this one, so an update deferred to
-    the next forward pass (overlap policies) is counted in the step that runs it."""
+    """Each round runs every candidate, in a shuffled order, for `steps` timed steps after one
+    untimed one; a step's time is from the end of the previous step to the end of this one, so
+    an update deferred to the next forward pass (overlap policies) is counted in the step that
+    runs it."""
     for cand in candidates:
         for i in range(warmup):  # profiling steps, the re-plan, auto's 20-step check
             _step(cand, work, i, autocast)
         getattr(cand.optimizer, "flush", lambda: None)()
     counter = warmup
+    order = random.Random(0)
     for _ in range(rounds):
-        for cand in candidates:
+        # A new order each round: a slow phase of the machine must not fall on the same
+        # candidates round after round.
+        for cand in order.sample(candidates, len(candidates)):
             _step(cand, work, counter, autocast)
             _sync(device)
             ends = [time.perf_counter()]
