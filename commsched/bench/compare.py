@@ -322,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.predict_dir and world.rank == 0:
         bound["auto"] = predictions(candidates, rows)
     if world.rank == 0:
-        command = " ".join(shlex.quote(a) for a in sys.argv)
+        # As a user types it from the repository root (no path of this machine).
+        command = "python -m commsched.bench.compare " + shlex.join(
+            sys.argv[1:] if argv is None else argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))
