@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"factors and decompositions every step; {rows[0]['samples']} timed steps per "
                 f"variant, interleaved over {args.rounds} rounds. Placement lpt: "
                 f"{lpt.assignment.describe()}. Placement round_robin: {rr.assignment.describe()}.")
-        meta = {"command": " ".join(shlex.quote(a) for a in sys.argv), "note": note,
+        command = "python -m commsched.bench.kfac_speed " + shlex.join(
+            sys.argv[1:] if argv is None else argv)  # as typed from the repository root
+        meta = {"command": command, "note": note,
                 "world_size": world.size, "network": args.link_note, "args": vars(args)}
         print(_table(rows), flush=True)
         if args.out:
