@@ -210,6 +210,12 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
     return auto_verdict(rows, *verdict) if verdict else None
 
 
+def typed_command(module: str, argv: list[str] | None) -> str:
+    """A benchmark's command line as a user types it from the repository root (no path of
+    this machine), for the reports."""
+    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -322,9 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.predict_dir and world.rank == 0:
         bound["auto"] = predictions(candidates, rows)
     if world.rank == 0:
-        # As a user types it from the repository root (no path of this machine).
-        command = "python -m commsched.bench.compare " + shlex.join(
-            sys.argv[1:] if argv is None else argv)
+        command = typed_command("commsched.bench.compare", argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch
 import commsched
 from commsched.kfac import KFACPreconditioner
 
-from .compare import Candidate, run, timing_rows
+from .compare import Candidate, run, timing_rows, typed_command
 from .models import ModelName, batch, build, loss_fn
 
 BASELINE = "unpipelined + round_robin"
@@ -134,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"factors and decompositions every step; {rows[0]['samples']} timed steps per "
                 f"variant, interleaved over {args.rounds} rounds. Placement lpt: "
                 f"{lpt.assignment.describe()}. Placement round_robin: {rr.assignment.describe()}.")
-        command = "python -m commsched.bench.kfac_speed " + shlex.join(
-            sys.argv[1:] if argv is None else argv)  # as typed from the repository root
+        command = typed_command("commsched.bench.kfac_speed", argv)
         meta = {"command": command, "note": note,
                 "world_size": world.size, "network": args.link_note, "args": vars(args)}
         print(_table(rows), flush=True)

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from torch import nn
 import commsched
 
 from ..outputs import OutputPathError, prepare_dir
+from .compare import typed_command
 from .models import ModelName, batch, build, loss_fn
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
@@ -225,10 +225,6 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def argv_of(argv: list[str] | None) -> list[str]:
-    return list(sys.argv[1:] if argv is None else argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "optimizer": args.optimizer, "rounds": args.rounds,
                                       "steps": args.steps, "warmup": args.warmup,
                                       "threads": args.threads}), flush=True)
-    command = "python -m commsched.bench.overhead " + shlex.join(argv_of(argv))
+    command = typed_command("commsched.bench.overhead", argv)
     meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
             "torch": torch.__version__, "optimizer": args.optimizer, "rounds": args.rounds,
             "steps": args.steps, "warmup": args.warmup, "threads": args.threads,

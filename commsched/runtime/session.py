@@ -112,6 +112,7 @@ class Session:
         self.lifecycle.start()
         self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(tid))
                        for tid, p in enumerate(self.params) if p.numel() > 0]
+        self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, p in enumerate(self.sparse.params)]
         _activity.now = ("forward", time.monotonic(), self.iteration)
@@ -207,7 +208,7 @@ class Session:
     def _launch_rest(self) -> None:
         """Marks every gradient not produced on this rank as ready, as zeros (Horovod's rule:
         another rank may have computed it)."""
-        if self._marked == len(self._hooks) - len(self.sparse):
+        if self._marked == self._hooked:
             return  # every hooked gradient is with the engine (zero-size ones are in no block)
         for tensor_id in self.engine.not_ready():
             param = self.params[tensor_id]
