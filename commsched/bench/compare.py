@@ -210,6 +210,22 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
     return auto_verdict(rows, *verdict) if verdict else None
 
 
+def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> None:
+    """Rank 0: the floor of any cross-iteration schedule from the first profiled commsched
+    candidate (sim/floor.py), never below the measured naive bound (both are lower bounds), and
+    each row's distance to it."""
+    from .validate import floor_summary
+
+    profiled = [c for c in candidates if c.profile_path]
+    if not profiled:
+        return
+    summary = floor_summary(profiled[0].optimizer.session.profile_document())
+    floor = max(summary["floor_ms"], bound.get("bound_ms") or 0.0)
+    bound.update(summary, floor_ms=floor, floor_from=profiled[0].name)
+    for row in rows:
+        row["vs_floor"] = row["median_ms"] / floor if floor else None
+
+
 def typed_command(module: str, argv: list[str] | None) -> str:
     """A benchmark's command line as a user types it from the repository root (no path of
     this machine), for the reports."""
@@ -223,14 +239,18 @@ def _quantile(values: list[float], q: float) -> float:
 
 def markdown_table(rows: list[dict]) -> str:
     predicted = any("predicted_ms" in r for r in rows)
-    extra = " predicted ms | error |" if predicted else ""
+    floor = any("vs_floor" in r for r in rows)
+    extra = (" vs floor |" if floor else "") + (" predicted ms | error |" if predicted else "")
     lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |"
              + extra,
-             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if predicted else "")]
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if floor else "")
+             + ("---:|---:|" if predicted else "")]
     for r in rows:
         line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
                 f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
                 f"| {_ratio(r.get('vs_bound'))} |")
+        if floor:
+            line += f" {_ratio(r.get('vs_floor'))} |"
         if predicted:
             value, error = r.get("predicted_ms"), r.get("prediction_error")
             line += (f" {'-' if value is None else f'{value:.1f}'} "
@@ -247,10 +267,19 @@ def bound_lines(bound: dict) -> str:
     def ms(v: float | None) -> str:
         return f"{v:.1f} ms" if v is not None else "-"
     waiting = bound["hvd_waiting_fraction"]
-    return (f"compute (local, no comm): {ms(bound['compute_ms'])}; minimal communication (one "
+    text = (f"compute (local, no comm): {ms(bound['compute_ms'])}; minimal communication (one "
             f"all-reduce of all gradients): {ms(bound['min_comm_ms'])}; bound max(compute, comm): "
             f"{ms(bound['bound_ms'])}; hvd waits on communication "
             f"{'-' if waiting is None else f'{100 * waiting:.0f}%'} of its iteration")
+    if bound.get("floor_ms") is not None:
+        binding = bound["floor_binding"]
+        shown = ", ".join(binding[:3]) + (f" and {len(binding) - 3} more" if len(binding) > 3
+                                          else "")
+        text += (f"\nfloor of any cross-iteration schedule (from {bound['floor_from']}'s "
+                 f"profile): {ms(bound['floor_ms'])}; synchronous semantics add "
+                 f"{ms(bound['floor_gap_ms'])} to that profile's naive bound "
+                 f"({ms(bound['floor_naive_ms'])}); its tightest window carries {shown}")
+    return text
 
 
 def auto_line(verdict: dict | None) -> str:
@@ -284,6 +313,10 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
     if bound.get("bound_ms"):
         ax.axvline(bound["bound_ms"], color="red", linestyle="--",
                    label="bound max(compute, min comm)")
+    if bound.get("floor_ms"):
+        ax.axvline(bound["floor_ms"], color="black", linestyle=":",
+                   label="floor of a cross-iteration schedule")
+    if bound.get("bound_ms") or bound.get("floor_ms"):
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("median iteration time (ms), whiskers p10-p90")
     ax.set_title(f"{meta['model']}, {meta['world_size']} ranks")
@@ -327,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     if args.predict_dir and world.rank == 0:
         bound["auto"] = predictions(candidates, rows)
+        add_floor(rows, bound, candidates)
     if world.rank == 0:
         command = typed_command("commsched.bench.compare", argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "

@@ -10,12 +10,21 @@ from typing import Any
 from ..config import Policy
 from ..plan import Plan
 from ..sim import FittedNetwork, Mode, profile_from_document, simulate
+from ..sim.floor import schedule_floor
 
 
 def predict_ms(document: dict, plan: Plan, policy: Policy) -> float:
     mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
     run = profile_from_document(document)
     return 1e3 * simulate(run, plan, FittedNetwork.from_document(document), mode).iteration_s
+
+
+def floor_summary(document: dict) -> dict[str, Any]:
+    """The floor of any cross-iteration schedule (sim/floor.py) from one candidate's profile and
+    its fitted network."""
+    floor = schedule_floor(profile_from_document(document), FittedNetwork.from_document(document))
+    return {"floor_ms": 1e3 * floor.floor_s, "floor_naive_ms": 1e3 * floor.naive_s,
+            "floor_gap_ms": 1e3 * floor.gap_s, "floor_binding": list(floor.binding)}
 
 
 def add_predictions(rows: list[dict[str, Any]], predicted: dict[str, float]) -> None:

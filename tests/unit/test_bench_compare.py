@@ -25,3 +25,35 @@ def test_parse_candidate() -> None:
     assert parse_candidate("commsched:prophet?partition_bytes=1MiB&credit_bytes=0") == \
         ("prophet", {"partition_bytes": "1MiB", "credit_bytes": "0"})
     assert parse_candidate("commsched:mgwfbp") == ("mgwfbp", {})
+
+
+def test_floor_column_and_line() -> None:
+    from commsched.bench.compare import bound_lines, markdown_table
+    from commsched.bench.validate import floor_summary
+    from commsched.sim import FittedNetwork
+
+    # The two tensors of test_sim_floor, the network fitted as alpha 2 ms, beta 10 us/B.
+    doc = {"schema_version": 2, "world_size": 2,
+           "compute": {"before_first_ready_s": 0.07, "step_s": 0.004},
+           "collectives": {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}},
+           "tensors": [{"id": 0, "name": "t0", "numel": 250, "dtype": "float32",
+                        "forward_index": 0, "ready_time_s": 0.01, "module": "a"},
+                       {"id": 1, "name": "t1", "numel": 750, "dtype": "float32",
+                        "forward_index": 1, "ready_time_s": 0.0, "module": "b"}],
+           "modules": [{"name": "", "forward_order": 0, "forward_time_s": 0.0,
+                        "self_time_s": 0.0},
+                       {"name": "a", "forward_order": 1, "forward_time_s": 0.01,
+                        "self_time_s": 0.01},
+                       {"name": "b", "forward_order": 2, "forward_time_s": 0.05,
+                        "self_time_s": 0.05}]}
+    assert FittedNetwork.from_document(doc).allreduce_model().beta == pytest.approx(1e-5)
+    summary = floor_summary(doc)
+    assert summary["floor_ms"] == pytest.approx(102.0)
+    assert summary["floor_gap_ms"] == pytest.approx(18.0)
+    rows = [{"name": "hvd", "median_ms": 204.0, "p10_ms": 200.0, "p90_ms": 210.0, "vs_hvd": 1.0,
+             "vs_torch-ddp": None, "vs_bound": 2.0, "vs_floor": 2.0}]
+    assert markdown_table(rows).splitlines()[2].endswith("| 2.000 | 2.000 |")
+    bound = {"compute_ms": 84.0, "min_comm_ms": 42.0, "bound_ms": 84.0,
+             "hvd_waiting_fraction": 0.5, "floor_from": "commsched:horovod", **summary}
+    assert "floor of any cross-iteration schedule (from commsched:horovod's profile): 102.0 ms" \
+        in bound_lines(bound)
