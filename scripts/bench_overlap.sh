@@ -13,9 +13,12 @@ CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,com
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch rate
   scripts/netem.sh up "$3"
+  # The profiles give the simulator's predictions and the floor of any cross-iteration schedule.
+  profiles="$(mktemp -d)"
   scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds 3 --steps 8 --warmup 15 --candidates "$CANDIDATES" \
-    --link-note "loopback shaped to $3" --out "$OUT/$1" 2>&1 | rank0_stdout
+    --predict-dir "$profiles" --link-note "loopback shaped to $3" --out "$OUT/$1" 2>&1 | rank0_stdout
+  rm -rf "$profiles"
 }
 run cnn 64 "$CNN_RATE"
 run transformer 8 "$TRANSFORMER_RATE"

@@ -16,6 +16,7 @@ Only partitions already ready at that moment join, so fusing never delays the bl
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from ..config import Config
 from .partitions import Partition, partition
@@ -23,8 +24,9 @@ from .types import Block, NetModel, Profile, TensorSpec
 
 
 def priority_order(parts: list[Partition], net: NetModel,
-                   block_bytes: int) -> list[list[Partition]]:
-    """List scheduling on one serial channel: at each free moment, the best ready partitions."""
+                   block_bytes: Callable[[float], float]) -> list[list[Partition]]:
+    """List scheduling on one serial channel: at each free moment, the best ready partitions,
+    fused up to `block_bytes(moment)` (at least one partition goes)."""
     waiting = sorted(parts, key=lambda p: (p.ready, p.priority))
     ready: list[tuple[tuple[int, int], int, Partition]] = []
     blocks: list[list[Partition]] = []
@@ -36,7 +38,7 @@ def priority_order(parts: list[Partition], net: NetModel,
         if not ready:
             clock = waiting[i].ready
             continue
-        block = _fill_block(ready, block_bytes)
+        block = _fill_block(ready, block_bytes(clock))
         blocks.append(block)
         placed += len(block)
         clock += net.time(sum(p.nbytes for p in block))
@@ -44,7 +46,7 @@ def priority_order(parts: list[Partition], net: NetModel,
 
 
 def _fill_block(ready: list[tuple[tuple[int, int], int, Partition]],
-                block_bytes: int) -> list[Partition]:
+                block_bytes: float) -> list[Partition]:
     """Pops the best ready partition, then the next best of its dtype while they fit."""
     block = [heapq.heappop(ready)[2]]
     size, skipped = block[0].nbytes, []
@@ -65,4 +67,5 @@ def plan_bytescheduler(specs: list[TensorSpec], profile: Profile, net: NetModel,
                        cfg: Config) -> tuple[Block, ...]:
     parts = partition(specs, profile, cfg.partition_bytes)
     return tuple(Block(i, tuple(p.piece for p in group), group[0].spec.dtype)
-                 for i, group in enumerate(priority_order(parts, net, cfg.partition_bytes)))
+                 for i, group in enumerate(priority_order(parts, net,
+                                                          lambda _: cfg.partition_bytes)))

@@ -1,19 +1,38 @@
-"""Prophet (Zhang et al., ICPP'21): predictable block grouping from the profiled ready pattern.
+"""Prophet (Zhang et al., ICPP'21): blocks sized from the predictable, stepwise arrival of
+gradients.
 
-Gradients arrive in steps: a gap between consecutive ready times larger than twice the mean gap
-starts a new step. In the interval before step k+1 arrives, the channel can carry
-(interval - alpha) * bandwidth bytes; that much of the highest-priority ready partitions goes
-out as one block. When backward has ended, what is left goes in priority order, in blocks of at
-most `partition_bytes`. Bandwidth is the fitted 1/beta, not a constant (the public Prophet code
-hard-codes 1 Gb/s and one model's step table).
+In the paper's terms: gradients are generated in *steps* (bursts of layers whose backward ends
+together, separated by longer computation); the profiled *gradient generation pattern* repeats
+every iteration, so the whole *block* schedule can be planned once. A block is a group of
+gradients sent as one transfer, never preempted. Its size follows from the profile:
+
+* a step starts where the gap between consecutive ready times exceeds twice the mean gap
+  (`ready_steps`);
+* whenever the channel becomes free at time t with the next step due at s, the block holds the
+  highest-priority ready gradients (priority = forward order, as in ByteScheduler) up to the
+  bytes the fitted network carries before s: (s - t - alpha) / beta, and never less than
+  `partition_bytes`. The transfer then ends as the next step's gradients arrive, so they are
+  not stuck behind a lower-priority block (no preemption needed), and the gap is filled with one
+  collective instead of many: each partition saved is one alpha (and one optimizer call in the
+  next forward) saved;
+* once the last step has arrived nothing new can overtake, and what is left goes in priority
+  order in blocks of at most `partition_bytes`, so the next forward's first updates can start
+  while later blocks are still on the wire.
+
+This is ByteScheduler's priority rule with Prophet's block sizing: with one step, or with gaps
+too short to carry more than a partition, the two plans are the same. Bandwidth is the fitted
+1/beta, not a constant (the public Prophet code hard-codes 1 Gb/s and one model's step table).
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
+from collections.abc import Callable
 
 from ..config import Config
-from .partitions import Partition, partition
+from .bytescheduler import priority_order
+from .partitions import partition
 from .types import Block, NetModel, Profile, TensorSpec
 
 
@@ -30,49 +49,21 @@ def ready_steps(times: list[float]) -> list[float]:
     return starts
 
 
-def _fill(candidates: list[Partition], capacity: float) -> list[Partition]:
-    chosen, used = [], 0
-    for part in sorted(candidates, key=lambda p: p.priority):
-        if used + part.nbytes <= capacity:
-            chosen.append(part)
-            used += part.nbytes
-    return chosen
-
-
-def _group_dtype(parts: list[Partition]) -> list[list[Partition]]:
-    by_dtype: dict[str, list[Partition]] = {}
-    for part in parts:
-        by_dtype.setdefault(part.spec.dtype, []).append(part)
-    return list(by_dtype.values())
+def step_block_bytes(steps: list[float], net: NetModel,
+                     floor_bytes: int) -> Callable[[float], float]:
+    """Bytes a block leaving at `clock` may hold: what the channel carries before the next step
+    arrives, at least `floor_bytes`; after the last step, `floor_bytes`."""
+    def limit(clock: float) -> float:
+        upcoming = bisect.bisect_right(steps, clock)
+        if upcoming == len(steps) or net.beta <= 0:
+            return floor_bytes
+        return max(float(floor_bytes), (steps[upcoming] - clock - net.alpha) / net.beta)
+    return limit
 
 
 def plan_prophet(specs: list[TensorSpec], profile: Profile, net: NetModel,
                  cfg: Config) -> tuple[Block, ...]:
     parts = partition(specs, profile, cfg.partition_bytes)
-    starts = ready_steps(sorted(p.ready for p in parts))
-    groups: list[list[Partition]] = []
-    sent: set[int] = set()
-    free_at = 0.0
-    for k in range(len(starts) - 1):
-        next_start = starts[k + 1]
-        # The step's burst has arrived by its last ready time before the next step starts.
-        burst_end = max(p.ready for p in parts if p.ready < next_start)
-        begin = max(free_at, burst_end)
-        capacity = (next_start - begin - net.alpha) / net.beta if net.beta > 0 else float("inf")
-        ready = [p for p in parts if id(p) not in sent and p.ready <= burst_end]
-        chosen = _fill(ready, capacity)
-        for group in _group_dtype(chosen):
-            groups.append(group)
-            free_at = begin = begin + net.time(sum(p.nbytes for p in group))
-            sent.update(id(p) for p in group)
-    rest = sorted((p for p in parts if id(p) not in sent), key=lambda p: p.priority)
-    current: list[Partition] = []
-    for part in rest:
-        if current and (current[0].spec.dtype != part.spec.dtype or
-                        sum(p.nbytes for p in current) + part.nbytes > cfg.partition_bytes):
-            groups.append(current)
-            current = []
-        current.append(part)
-    if current:
-        groups.append(current)
+    steps = ready_steps(sorted(p.ready for p in parts))
+    groups = priority_order(parts, net, step_block_bytes(steps, net, cfg.partition_bytes))
     return tuple(Block(i, tuple(p.piece for p in g), g[0].spec.dtype) for i, g in enumerate(groups))

@@ -149,12 +149,29 @@ def test_bytescheduler_sends_highest_priority_ready_partition() -> None:
     assert all(len(b.pieces) == 1 for b in blocks)
 
 
-def test_prophet_groups_by_steps_and_bandwidth() -> None:
+def test_prophet_sizes_blocks_to_end_as_the_next_step_arrives() -> None:
     specs = specs_of([100, 100, 2000, 1000])  # bytes 400, 400, 8000, 4000
     profile = Profile((10.1e-3, 10e-3, 0.1e-3, 0.0))  # two steps: {t3, t2} then {t1, t0}
     net = NetModel(alpha=0.0, beta=1e-6)  # 10 ms carry 10,000 bytes
     blocks = plan_prophet(specs, profile, net, cfg(partition_bytes=8000))
-    assert block_tensors(blocks) == [[2], [0, 1, 3]]
+    # 0 ms: only t3 is ready (4 ms on the wire); 4 ms: t2 (8 ms); 12 ms: t0 and t1 together.
+    assert block_tensors(blocks) == [[3], [2], [0, 1]]
+
+
+def test_prophet_fills_the_gap_before_the_next_step_with_one_block() -> None:
+    specs = specs_of([100, 100, 2000, 1000])  # bytes 400, 400, 8000, 4000
+    profile = Profile((10.6e-3, 10.5e-3, 0.1e-3, 0.0))  # steps at 0 and 10.5 ms
+    net = NetModel(alpha=0.0, beta=1e-6)
+    pieces = [[(p.tensor_id, p.offset) for p in b.pieces]
+              for b in plan_prophet(specs, profile, net, cfg(partition_bytes=1000))]
+    # 0 ms: t3's four 1000 B partitions fit before 10.5 ms: one block, to 4 ms. 4 ms: six of
+    # t2's (6000 B <= 6500 B), to 10 ms. 10 ms: one partition (500 B left is under the
+    # floor), to 11 ms. Then, the last step in: priority order, t0 + t1 fused, t2's last one.
+    assert pieces == [[(3, 0), (3, 250), (3, 500), (3, 750)],
+                      [(2, k * 250) for k in range(6)], [(2, 1500)], [(0, 0), (1, 0)],
+                      [(2, 1750)]]
+    # ByteScheduler sends t2 and t3 one partition per collective: 13 blocks, not 5.
+    assert len(plan_bytescheduler(specs, profile, net, cfg(partition_bytes=1000))) == 13
 
 
 def test_prophet_steps() -> None:
