@@ -71,3 +71,21 @@ def ddp_kwargs(*, sync_buffers: bool) -> dict[str, Any]:
 # The name Gloo's worker threads carry in /proc/<pid>/task/*/comm; None where torch leaves them
 # unnamed (they then share their name with other threads and cannot be told apart by it).
 GLOO_WORKER_THREAD_NAME: str | None = "pt_gloo_runloop" if at_least(2, 11) else None
+
+
+def reduce_scatter_single(output: torch.Tensor, tensor: torch.Tensor, group: Any) -> None:
+    """torch.distributed's flat reduce-scatter (sum): named reduce_scatter_single since 2.13,
+    reduce_scatter_tensor before (kept as a deprecated alias that warns)."""
+    import torch.distributed as dist
+
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(output, tensor, group=group)
+
+
+def all_gather_single(output: torch.Tensor, tensor: torch.Tensor, group: Any) -> None:
+    """torch.distributed's flat all-gather: all_gather_single since 2.13, all_gather_into_tensor
+    before."""
+    import torch.distributed as dist
+
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(output, tensor, group=group)

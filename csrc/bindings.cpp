@@ -33,15 +33,28 @@ BlockSpec make_block(int64_t block_id, int64_t op, const std::string& wire_dtype
 }
 
 std::shared_ptr<Engine> make_engine(const py::object& group, std::vector<std::string> names,
-                                    int64_t timeout_ms) {
+                                    int64_t timeout_ms, bool ring_collectives) {
   std::shared_ptr<commsched::Transport> transport;
   if (group.is_none()) {
     transport = std::make_shared<commsched::LocalTransport>();
   } else {
     auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-    transport = std::make_shared<commsched::ProcessGroupTransport>(pg);
+    transport = std::make_shared<commsched::ProcessGroupTransport>(pg, ring_collectives);
   }
   return std::make_shared<Engine>(transport, std::move(names), timeout_ms);
+}
+
+// One collective on `group` outside any engine, native or as the engine's ring: for the
+// collectives benchmark and the ring's tests against torch's own collectives.
+void run_collective(const py::object& group, int64_t op, at::Tensor input, at::Tensor output,
+                    bool ring, int64_t timeout_ms) {
+  TORCH_CHECK(op >= 0 && op <= 2, "commsched: unknown collective code ", op);
+  auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  py::gil_scoped_release release;
+  auto collective = static_cast<commsched::Collective>(op);
+  commsched::ProcessGroupTransport transport(pg, ring);
+  if (collective == commsched::Collective::kAllreduce) output = input;
+  transport.launch(collective, input, output)->wait(std::chrono::milliseconds(timeout_ms));
 }
 
 }  // namespace
@@ -56,6 +69,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       codes[commsched::collective_name(op)] = static_cast<int64_t>(op);
     return codes;
   }, "Collective name -> code, as the engine reads BlockSpec.op");
+
+  m.def("run_collective", &run_collective, py::arg("process_group"), py::arg("op"),
+        py::arg("input"), py::arg("output"), py::arg("ring"), py::arg("timeout_ms"),
+        "One collective on a process group, native or as the engine's ring (tests, benchmarks)");
 
   py::class_<commsched::PieceSpec>(m, "PieceSpec")
       .def(py::init([](int64_t tensor_id, int64_t offset, int64_t numel) {
@@ -82,7 +99,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("process_group"), py::arg("tensor_names"),
-           py::arg("timeout_ms"))
+           py::arg("timeout_ms"), py::arg("ring_collectives") = false)
       .def("install_plan",
            [](Engine& self, std::vector<BlockSpec> blocks) {
              py::gil_scoped_release release;

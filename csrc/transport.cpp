@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "ring.h"
 #include "torch_compat.h"
 
 namespace commsched {
@@ -24,13 +25,21 @@ class DoneCollective : public PendingCollective {
 };
 }  // namespace
 
-ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : group_(std::move(group)) {
+ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                             bool ring)
+    : group_(std::move(group)), ring_(ring) {
   TORCH_CHECK(group_, "commsched: ProcessGroupTransport needs a process group");
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, at::Tensor& input,
                                                                  at::Tensor& output) {
+  if (ring_ && op != Collective::kAllreduce && input.is_cpu()) {
+    const int64_t shard = op == Collective::kReduceScatter ? output.numel() : input.numel();
+    const int64_t base = next_ring_tag_;
+    // Tags stay non-negative ints; a wrapped-around tag belongs to a ring long finished.
+    next_ring_tag_ = (base + ring_tags(group_->getSize(), shard, input.element_size())) % (1 << 30);
+    return launch_ring(group_, op, input, output, base);
+  }
   switch (op) {
     case Collective::kAllreduce: {
       std::vector<at::Tensor> tensors{input};

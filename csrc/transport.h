@@ -34,7 +34,9 @@ class Transport {
 
 class ProcessGroupTransport : public Transport {
  public:
-  explicit ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group);
+  // `ring`: run reduce-scatter and all-gather of CPU tensors as the engine's own pipelined
+  // rings (Note [Why the engine rings its own reduce-scatter], ring.h) instead of the group's.
+  explicit ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, bool ring = false);
   std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
                                             at::Tensor& output) override;
   int64_t world_size() const override;
@@ -42,6 +44,8 @@ class ProcessGroupTransport : public Transport {
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  bool ring_;
+  int64_t next_ring_tag_ = 0;  // advanced alike on every rank: the plan's order is the same
 };
 
 // World size 1: the sum over one rank is the tensor itself.

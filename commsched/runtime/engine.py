@@ -58,7 +58,11 @@ class EngineHandle:
         self.waited_s = 0.0  # the training thread's total time blocked in engine waits
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
-        self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
+        # Gloo's reduce-scatter costs about a whole all-reduce: the engine rings its own there
+        # (Note [Why the engine rings its own reduce-scatter], csrc/ring.h).
+        ring = self._group is not None and dist.get_backend(self._group) == "gloo"
+        self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms,
+                                 ring_collectives=ring)
         # Called once per gradient: the extension's own method, no Python frame in between.
         self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
         self.profiler = Profiler(len(specs))
