@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Simulator validation (issue: what-if simulator, item 5): every policy and `auto` on the built-in
-# CNN and Transformer at two shaped bandwidths, 2 ranks; each commsched candidate's plan is
+# CNN and Transformer at two shaped bandwidths, 2 ranks (and the CNN on 3 ranks at one); each commsched candidate's plan is
 # simulated from the profile written when its profiling steps ended and set beside the measured
 # median. Writes benchmarks/sim_validation/<model>-<rate>/results.* and README.md.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 RATES="${RATES:-1gbit 2gbit}"
+THREE_RANKS_RATE="${THREE_RANKS_RATE:-1gbit}"  # the rate at which the CNN also runs on 3 ranks
 OUT="${OUT:-benchmarks/sim_validation}"
 CANDIDATES="local (no comm),hvd,commsched:horovod,commsched:ddp,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
 trap 'scripts/netem.sh down' EXIT
 results=()
 for rate in $RATES; do
   scripts/netem.sh up "$rate"
-  for spec in "cnn 64" "transformer 8"; do
+  specs=("cnn 64 2" "transformer 8 2")
+  [ "$rate" = "$THREE_RANKS_RATE" ] && specs+=("cnn 64 3")
+  for spec in "${specs[@]}"; do
     set -- $spec
     dir="$OUT/$1-$rate"
+    [ "$3" = 2 ] || dir="$dir-$3ranks"
     profiles="$(mktemp -d)"
-    scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
+    scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
       --model "$1" --batch-size "$2" --rounds 2 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
       --predict-dir "$profiles" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | rank0_stdout
@@ -26,9 +30,9 @@ for rate in $RATES; do
   done
 done
 {
-  echo "# Simulator validation: predicted vs measured iteration time, 2 ranks"
+  echo "# Simulator validation: predicted vs measured iteration time, 2 ranks (and 3 on the CNN at $THREE_RANKS_RATE)"
   echo
-  echo "Command: \`RATES=\"$RATES\" scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run (the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); 28 warm-up steps per candidate cover its profiling steps, its 20-step check and its one re-plan."
+  echo "Command: \`RATES=\"$RATES\" THREE_RANKS_RATE=$THREE_RANKS_RATE scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run (the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); 28 warm-up steps per candidate cover its profiling steps, its 20-step check and its one re-plan."
   echo
   .venv/bin/python -m commsched.bench.validate "${results[@]}"
   for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done

@@ -5,6 +5,7 @@ simulated, and the prediction is set beside the measured median."""
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 from ..config import Policy
@@ -66,6 +67,7 @@ def summary_markdown(result_files: list[str]) -> str:
     lines = ["| model | link | candidate | measured ms | predicted ms | error | within 15% |",
              "|---|---|---|---:|---:|---:|---|"]
     within = total = picks = hits = 0
+    errors: list[float] = []
     for path in result_files:
         doc = load_document(path)
         meta, rows = doc["meta"], doc["rows"]
@@ -74,13 +76,17 @@ def summary_markdown(result_files: list[str]) -> str:
                 continue
             ok = row["prediction_error"] <= TARGET
             within, total = within + ok, total + 1
-            lines.append(f"| {meta['model']} | {meta.get('network', '')} | {row['name']} "
+            errors.append(row["prediction_error"])
+            lines.append(f"| {meta['model']}, {meta.get('world_size', 2)} ranks "
+                         f"| {meta.get('network', '')} | {row['name']} "
                          f"| {row['median_ms']:.1f} | {row['predicted_ms']:.1f} "
                          f"| {100 * row['prediction_error']:.0f}% | {'yes' if ok else 'no'} |")
         verdict = doc["bound"].get("auto")
         if verdict:
             picks, hits = picks + 1, hits + bool(verdict["picked_fastest"])
-    lines += ["", f"Predictions within 15%: {within} of {total}. `auto` picked the "
+    spread = (f" Median error {100 * statistics.median(errors):.1f}%, worst "
+              f"{100 * max(errors):.1f}%." if errors else "")
+    lines += ["", f"Predictions within 15%: {within} of {total}.{spread} `auto` picked the "
               f"measured-fastest policy in {hits} of {picks} settings."]
     return "\n".join(lines)
 

@@ -57,3 +57,25 @@ def test_floor_column_and_line() -> None:
              "hvd_waiting_fraction": 0.5, "floor_from": "commsched:horovod", **summary}
     assert "floor of any cross-iteration schedule (from commsched:horovod's profile): 102.0 ms" \
         in bound_lines(bound)
+
+
+def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
+    import json
+
+    from commsched.bench.validate import summary_markdown
+
+    def row(name: str, measured: float, predicted: float) -> dict:
+        return {"name": name, "median_ms": measured, "predicted_ms": predicted,
+                "prediction_error": abs(predicted - measured) / measured}
+
+    paths = []
+    for ranks, rows in ((2, [row("commsched:horovod", 100.0, 104.0)]),
+                        (3, [row("commsched:dear", 200.0, 180.0),
+                             row("commsched:prophet", 100.0, 101.0)])):
+        path = tmp_path / f"{ranks}.json"
+        path.write_text(json.dumps({"meta": {"model": "cnn", "world_size": ranks,
+                                             "network": "1gbit"}, "bound": {}, "rows": rows}))
+        paths.append(str(path))
+    text = summary_markdown(paths)
+    assert "| cnn, 3 ranks | 1gbit | commsched:dear | 200.0 | 180.0 | 10% | yes |" in text
+    assert "Median error 4.0%, worst 10.0%." in text
