@@ -210,20 +210,22 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
     return auto_verdict(rows, *verdict) if verdict else None
 
 
-def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> None:
+def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dict | None:
     """Rank 0: the floor of any cross-iteration schedule from the first profiled commsched
     candidate (sim/floor.py), never below the measured naive bound (both are lower bounds), and
-    each row's distance to it."""
+    each row's distance to it. Returns the profile document it came from."""
     from .validate import floor_summary
 
     profiled = [c for c in candidates if c.profile_path]
     if not profiled:
-        return
-    summary = floor_summary(profiled[0].optimizer.session.profile_document())
+        return None
+    document = profiled[0].optimizer.session.profile_document()
+    summary = floor_summary(document)
     floor = max(summary["floor_ms"], bound.get("bound_ms") or 0.0)
     bound.update(summary, floor_ms=floor, floor_from=profiled[0].name)
     for row in rows:
         row["vs_floor"] = row["median_ms"] / floor if floor else None
+    return document
 
 
 def typed_command(module: str, argv: list[str] | None) -> str:
@@ -358,9 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
+    floor_profile = None
     if args.predict_dir and world.rank == 0:
         bound["auto"] = predictions(candidates, rows)
-        add_floor(rows, bound, candidates)
+        floor_profile = add_floor(rows, bound, candidates)
     if world.rank == 0:
         command = typed_command("commsched.bench.compare", argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
@@ -373,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
             meta = {"model": args.model.value, "world_size": world.size, "command": command,
                     "network": args.link_note, "args": vars(args) | {"model": args.model.value}}
             write_outputs(args.out, rows, meta, bound)
+            if floor_profile is not None:  # what the floor was computed from, to re-check it
+                with open(os.path.join(args.out, "floor_profile.json"), "w",
+                          encoding="utf-8") as handle:
+                    json.dump(floor_profile, handle, indent=1)
     commsched.shutdown()
     return 0
 
