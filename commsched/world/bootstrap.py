@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ..config import load_config
 from . import registry
+from .errors import RankFailureError, elastic, failure_type, without_backtrace
 
 log = logging.getLogger("commsched")
 
@@ -46,12 +47,29 @@ class World:
     timeout: float
     store_address: tuple[str, int] | None = None  # rendezvous store, for heartbeats
     liveness: Any = None
+    generation: int = 0  # how many worlds this process formed before (elastic re-forming)
+    broken: bool = False  # a collective failed: an elastic job re-forms the world
+
+    def fail(self, text: str) -> RankFailureError:
+        """The error for a failed collective of this world; marks the world broken (an elastic
+        job re-forms it at the next step, Note [Elastic Horovod])."""
+        self.broken = True
+        return failure_type()(text)
+
+    def _control(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            call(*args, group=self.control_group, **kwargs)
+        except RuntimeError as err:
+            if not elastic():
+                raise
+            raise self.fail(f"commsched: a control message failed: {without_backtrace(err)}"
+                            ) from err
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if self.size == 1:
             return [obj]
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.control_group)
+        self._control(dist.all_gather_object, out, obj)
         return out
 
     def new_data_group(self) -> Any | None:
@@ -68,11 +86,12 @@ class World:
         if self.size == 1:
             return obj
         box = [obj if self.rank == root else None]
-        dist.broadcast_object_list(box, src=root, group=self.control_group)
+        self._control(dist.broadcast_object_list, box, src=root)
         return box[0]
 
 
 _world: World | None = None
+_generation = 0  # worlds formed by this process so far (see Note [Elastic Horovod])
 
 
 def _backend() -> str:
@@ -196,6 +215,7 @@ def init(timeout: float | None = None, stall_warning: float | None = None) -> Wo
         _world = _torchrun_world(seconds)
     else:
         _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
+    _world.generation = _generation
     _start_liveness(_world, stall_warning)
     log.debug("commsched.init: rank %d of %d via %s", _world.rank, _world.size,
               _world.launcher.value)
@@ -245,6 +265,66 @@ def shutdown() -> None:
 
         hvd.shutdown()
     _world = None
+
+
+# Note [Elastic Horovod]
+# Under ``hvd.elastic.run`` the set of workers changes: a worker dies (its peers' collectives
+# fail) or the host-discovery script adds or removes hosts (HostsUpdatedInterrupt at a commit).
+# Horovod then restores the last commit (after a failure), re-initialises itself with the new
+# ranks (hvd.shutdown(); hvd.init()) and re-runs the training function after state.sync().
+# commsched follows without any call from the user:
+# * a failed collective raises failure_type(), which is also Horovod's HorovodInternalError,
+#   and marks the world broken;
+# * at the next step every session asks `stale()`: broken, or Horovod's rank or size is no
+#   longer the world's. The first to see it calls `reform()` (stop every engine, drop the
+#   groups, form a new world from Horovod's new ranks); each session then rebinds to the new
+#   generation (its engine, groups and a plan for the new size; runtime/session.py).
+# Every rank reaches that step together: Horovod re-runs the training function on all of them
+# after the sync, and a joining worker forms its first world there too (a session in an
+# elastic job binds lazily: its wrap happens while the others are still in their reset).
+# What cannot be seen: the workers replaced by as many others at a HostsUpdatedInterrupt, with
+# no failure and each rank keeping its number: the new workers then wait for the old ones in
+# the new world's rendezvous until COMMSCHED_TIMEOUT.
+
+
+def stale() -> bool:
+    """Whether the world must be (re-)formed before the next collective: none yet, a collective
+    failed, or Horovod re-initialised with other ranks (Note [Elastic Horovod])."""
+    w = _world
+    if w is None or w.broken:
+        return True
+    if w.launcher is Launcher.HOROVOD and elastic():
+        import horovod.torch as hvd
+
+        return (hvd.rank(), hvd.size()) != (w.rank, w.size)
+    return False
+
+
+def current(timeout: float, stall_warning: float | None) -> World:
+    """The world of now: the existing one, or a re-formed one when it is stale (all ranks call
+    this together at a step; Note [Elastic Horovod])."""
+    if _world is not None and stale():
+        return reform()
+    return init(timeout, stall_warning)
+
+
+def reform() -> World:
+    """Stops every engine, drops the process groups and forms the world anew from Horovod's
+    ranks of now, with the same timeout and stall warning. Horovod itself stays initialised."""
+    global _world, _generation
+    old = _world
+    assert old is not None
+    registry.shutdown_all()
+    stall_warning = old.liveness.stall_warning if old.liveness is not None else None
+    if old.liveness is not None:
+        old.liveness.stop()
+    if old.owns_process_group and dist.is_initialized():
+        time.sleep(0.05)  # as in shutdown(): let Gloo's workers take the GIL once more
+        dist.destroy_process_group()
+    _world = None
+    _generation += 1
+    log.info("commsched: re-forming the world (was rank %d of %d)", old.rank, old.size)
+    return init(old.timeout, stall_warning)
 
 
 def rank() -> int:
