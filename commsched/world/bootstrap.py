@@ -3,7 +3,8 @@
 * ``horovodrun``: ``hvd.init()``; rank 0 opens a ``TCPStore`` on a free port and broadcasts its
   address with Horovod (under an explicit name: Horovod names an unnamed broadcast_object after
   the object's type, which differs between root and receivers and hangs every rank).
-* ``torchrun``: ``env://`` rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
+* ``torchrun``: ``env://`` rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; in
+  the agent's store under a prefix of the attempt when ``--max-restarts`` may restart the group.
 * a lone process: world size 1, no network at all.
 """
 
@@ -179,10 +180,29 @@ def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher,
     return World(rank, size, local_rank, launcher, group, control, owns, timeout)
 
 
+def _attempt_namespace() -> str:
+    """The store's key prefix for this attempt of a torchrun job ("" outside torchrun's agent).
+    The agent hosts one store for all restarts of the group (TORCHELASTIC_USE_AGENT_STORE) and
+    keeps every key in it: a restarted rank would read the previous attempt's Gloo addresses and
+    dial ranks that are gone ("Connection refused"), or take stale heartbeats for its peers."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""
+    return f"commsched/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
 def _torchrun_world(timeout: float) -> World:
     _choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    dist.init_process_group(_backend(), init_method="env://",
-                            timeout=datetime.timedelta(seconds=timeout))
+    delta = datetime.timedelta(seconds=timeout)
+    namespace = _attempt_namespace()
+    if namespace:
+        size = int(os.environ["WORLD_SIZE"])
+        store = dist.PrefixStore(namespace, dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=False,
+            timeout=delta))
+        dist.init_process_group(_backend(), store=store, rank=int(os.environ["RANK"]),
+                                world_size=size, timeout=delta)
+    else:
+        dist.init_process_group(_backend(), init_method="env://", timeout=delta)
     return _world_from_group(dist.get_rank(), dist.get_world_size(),
                              int(os.environ.get("LOCAL_RANK", "0")), Launcher.TORCHRUN, True,
                              timeout)
@@ -232,8 +252,9 @@ def _start_liveness(w: World, stall_warning: float | None) -> None:
 
     if stall_warning is None:  # unset, it follows the world's timeout
         stall_warning = load_config({"timeout": w.timeout}).stall_warning
+    namespace = _attempt_namespace() if w.launcher is Launcher.TORCHRUN else ""
     w.liveness = Liveness(address[0], address[1], w.rank, w.size, stall_warning,
-                          registry.participants)
+                          registry.participants, namespace)
 
 
 def world() -> World:
