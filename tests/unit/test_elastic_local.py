@@ -12,6 +12,7 @@ from horovod.common.exceptions import HorovodInternalError
 from torch import nn
 
 import commsched
+from commsched.optimizer import _DistributedOptimizer as Wrapped
 from commsched.world import bootstrap
 from commsched.world.errors import failure_type
 
@@ -24,7 +25,7 @@ def elastic_world(monkeypatch):
     commsched.shutdown()
 
 
-def _setup(policy: str = "mgwfbp") -> tuple[nn.Module, torch.optim.Optimizer]:
+def _setup(policy: str = "mgwfbp") -> tuple[nn.Module, Wrapped]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     opt = commsched.DistributedOptimizer(
