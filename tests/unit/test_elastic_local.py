@@ -108,3 +108,10 @@ def test_overlap_policy_is_refused_in_an_elastic_job(elastic_world) -> None:
         commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), model=model,
                                        policy="prophet")
+
+
+def test_kfac_is_refused_in_an_elastic_job(elastic_world) -> None:
+    from commsched.kfac import KFACPreconditioner
+
+    with pytest.raises(ValueError, match="K-FAC preconditioner does not re-form"):
+        KFACPreconditioner(nn.Sequential(nn.Linear(3, 2)))
