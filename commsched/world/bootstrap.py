@@ -326,9 +326,9 @@ def stale() -> bool:
 
 
 def current(timeout: float, stall_warning: float | None) -> World:
-    """The world of now: the existing one, or a re-formed one when it is stale (all ranks call
-    this together at a step; Note [Elastic Horovod])."""
-    if _world is not None and stale():
+    """The world of now: the existing one, or in an elastic job a re-formed one when it is stale
+    (all ranks call this together at a step; Note [Elastic Horovod])."""
+    if _world is not None and elastic() and stale():
         return reform()
     return init(timeout, stall_warning)
 
