@@ -82,6 +82,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:
         session = self.session
+        if session.elastic_state_step:  # hvd.elastic's sync on a worker with no state yet
+            return super().step(closure)
         if self._cs_should_synchronize and session.defers_updates and not self._cs_synchronized:
             if closure is not None:
                 raise ValueError(f"commsched: policy '{session.config.policy.value}' defers the "
@@ -100,7 +102,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         a plain torch optimizer ignores when it loads this."""
         self.flush()
         state = super().state_dict()
-        state[checkpoint.KEY] = checkpoint.capture(self.session)
+        entry = checkpoint.capture(self.session)
+        if entry is not None:
+            state[checkpoint.KEY] = entry
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from .. import world
 from ..config import load_config
+from ..world.errors import elastic
 from . import factors as fx
 from .exchange import FactorExchange, ResultExchange
 from .placement import LOCAL, Placement, assign
@@ -134,6 +135,10 @@ class KFACPreconditioner:
 
         def like() -> torch.Tensor:  # read at use time: the model may move after construction
             return first_weight.new_zeros(0, dtype=dtype)
+        if elastic():
+            raise ValueError("commsched: the K-FAC preconditioner does not re-form after an "
+                             "elastic Horovod job loses or gains a worker; run it under a "
+                             "horovodrun without --min-np/--max-np/--host-discovery-script")
         self.world = world.init()
         self._pack = symmetric and self.world.size > 1  # upper triangles only where they travel
         cfg = load_config()

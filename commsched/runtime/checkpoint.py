@@ -37,8 +37,11 @@ def tensor_signature(specs: list[TensorSpec]) -> list[list[Any]]:
 _AUTO_FIELDS = ("predicted_s", "measured_s", "replanned", "periods", "history")
 
 
-def capture(session: Session) -> dict[str, Any]:
-    """The entry for `session` (a wrapped optimizer's) as it stands after a flush."""
+def capture(session: Session) -> dict[str, Any] | None:
+    """The entry for `session` (a wrapped optimizer's) as it stands after a flush; None before
+    an elastic job's first step (no plan yet: Horovod's TorchState saves the state at wrap)."""
+    if not session.bound:
+        return None
     runner, lifecycle = session.runner, session.lifecycle
     entry: dict[str, Any] = {
         "version": VERSION, "policy": session.config.policy.value,
@@ -97,6 +100,11 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
     """Installs the saved plan on this rank and puts the run where it was saved. When anything
     changed, the ranks compare what they restored before the next collective."""
     plan = validate(session, entry)
+    if session.stale:
+        # An elastic job restoring its last commit after losing a worker: the plan was for a
+        # world that is gone; the re-formed one plans for its own size from this iteration.
+        session.iteration = int(entry["iteration"])
+        return
     lifecycle = session.lifecycle
     replan_at = None if entry["replan_at"] is None else int(entry["replan_at"])
     changed = [session.plan.fingerprint, session.iteration, lifecycle.replan_at] != \

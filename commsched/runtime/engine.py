@@ -14,7 +14,7 @@ from .. import _C
 from ..compression import Compressor
 from ..plan import Collective, Plan, Stage, TensorSpec, dtype_name
 from ..world import World, registry
-from ..world.errors import RankFailureError, without_backtrace
+from ..world.errors import without_backtrace
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
@@ -69,6 +69,7 @@ class EngineHandle:
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)
+        self._closed = False
         registry.register(self)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
@@ -114,7 +115,7 @@ class EngineHandle:
             liveness = getattr(self._world, "liveness", None)
             verdict = liveness.diagnose().text if liveness is not None else ""
             text = without_backtrace(err)
-            raise RankFailureError(f"{verdict}: {text}" if verdict else text) from err
+            raise self._world.fail(f"{verdict}: {text}" if verdict else text) from err
         finally:
             self.waited_s += time.monotonic() - self._waiting_since
             self._waiting_since = None
@@ -152,6 +153,9 @@ class EngineHandle:
             self.timeline.mark(name)
 
     def shutdown(self) -> None:
+        if self._closed:
+            return  # an elastic re-form stops every engine before their sessions rebind
+        self._closed = True
         self._engine.shutdown()
         group, self._group = self._group, None
         if group is not None and dist.is_initialized():

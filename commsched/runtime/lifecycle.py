@@ -69,14 +69,18 @@ class PlanLifecycle:
         assert self._engine.plan is not None
         return self._engine.plan
 
-    def start(self) -> None:
-        """Installs the plan for the first iterations."""
-        self.replan_at, first = self._first_plan()
+    def start(self, iteration: int = 0) -> None:
+        """Installs the plan for the iterations from `iteration` on (0 at wrap time; an elastic
+        job's re-formed world starts at its committed iteration and profiles its new size)."""
+        replan_after, first = self._first_plan()
+        self.replan_at = None if replan_after is None else iteration + replan_after
         self.install(first)
         if self.replan_at is None and self._runner is not None:
             self._runner.activate(first)
 
     def _first_plan(self) -> tuple[int | None, Plan]:
+        """How many iterations the first plan runs before the policy's plan (None: for good),
+        and that plan."""
         cfg = self._config
         if cfg.policy is Policy.DDP:
             return 1, make_plan(cfg.policy, self._specs, Profile(), NetModel(), cfg)

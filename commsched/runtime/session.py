@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from .. import _C
-from .. import world as world_module
 from ..compression import Compressor
 from ..config import Config, Policy
 from ..ops import ReduceOp
 from ..outputs import prepare_file
 from ..plan import Plan, TensorSpec, dtype_name
-from ..world import check_identical, parameter_signature, registry
+from ..world import World, bootstrap, check_identical, parameter_signature, registry
+from ..world.errors import elastic
 from .clock import StepClock
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
@@ -73,21 +73,30 @@ def make_specs(named: Sequence[tuple[str, torch.Tensor]],
 
 
 class Session:
+    # Made by `_bind` for the world of now: at wrap time, or in an elastic Horovod job at the
+    # first step and again whenever that world was re-formed (Note [Elastic Horovod]).
+    world: World
+    sparse: SparseExchange
+    engine: EngineHandle
+    clock: StepClock
+    lifecycle: PlanLifecycle
+
     def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                  named: list[tuple[str, torch.Tensor]], options: WrapOptions,
                  config: Config) -> None:
-        self.world = world_module.init(config.timeout, config.stall_warning)
-        # Output files are checked before any group or engine exists (nothing to undo).
-        if config.profile and self.world.rank == 0:  # rank 0 writes it at the re-plan
-            prepare_file(config.profile, "COMMSCHED_PROFILE")
-        if config.timeline:
-            prepare_file(timeline_path(config.timeline, self.world.rank), "COMMSCHED_TIMELINE")
         self.config = config
         self.options = options
+        self.elastic = elastic()
+        if self.elastic and config.policy.overlaps_iterations:
+            raise ValueError(f"commsched: policy '{config.policy.value}' applies updates in the "
+                             "next forward pass, which an elastic Horovod job cannot restore "
+                             "after losing a worker; use a synchronous policy (horovod, ddp, "
+                             "mgwfbp, or auto, which then chooses among them)")
         self.iteration = 0
         self.passes = options.backward_passes_per_step
+        self._base_cls = base_cls
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
-        routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
+        self._routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
         tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
@@ -97,25 +106,89 @@ class Session:
         self._handed = 0
         self._marked = 0
         self._gradients_started = False
-        self._check_ranks_agree(routed)
         self.deferred = DeferredUpdates(base_cls, optimizer)
-        self.sparse = SparseExchange(self.world, routed, options.op, self.passes)
+        self.runner: OverlapRunner | None = None
+        self._bound = False  # whether engine, plan and world exist (see _bind)
+        if not self.elastic:
+            self._bind()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(tid))
+                       for tid, p in enumerate(self.params) if p.numel() > 0]
+        self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
+        self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
+                        for i, (_, p) in enumerate(self._routed)]
+        _activity.now = ("forward", time.monotonic(), self.iteration)
+
+    def _bind(self) -> None:
+        """Everything that needs the world: the checks across ranks, the engine and its first
+        plan. All ranks call it together (at wrap time, or at the same step of an elastic job)."""
+        config, options = self.config, self.options
+        self.world = bootstrap.current(config.timeout, config.stall_warning)
+        # Output files are checked before any group or engine exists (nothing to undo).
+        if config.profile and self.world.rank == 0:  # rank 0 writes it at the re-plan
+            prepare_file(config.profile, "COMMSCHED_PROFILE")
+        if config.timeline:
+            prepare_file(timeline_path(config.timeline, self.world.rank), "COMMSCHED_TIMELINE")
+        self._check_ranks_agree(self._routed)
+        self.sparse = SparseExchange(self.world, self._routed, options.op, self.passes)
         self.engine = EngineHandle(self.world, self.specs, config.timeout, config.timeline,
                                    iteration=lambda: self.iteration)
         self._mark_ready = self.engine.mark_ready
-        self.runner = self._make_runner(base_cls)
+        self.runner = self._make_runner(self._base_cls)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
         self.lifecycle = PlanLifecycle(self.world, config, self.specs, self.engine, self.runner,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
-        self.lifecycle.start()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(tid))
-                       for tid, p in enumerate(self.params) if p.numel() > 0]
-        self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
-        self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
-                        for i, p in enumerate(self.sparse.params)]
-        _activity.now = ("forward", time.monotonic(), self.iteration)
+        if self.elastic:  # a joining worker starts at 0: rank 0 holds the committed position
+            self.iteration = int(self.world.broadcast_object(self.iteration))
+        self.lifecycle.start(self.iteration)
+        self._bound = True
+
+    @property
+    def stale(self) -> bool:
+        """Whether this session must (re)bind before its next collective: never bound, or its
+        world is broken or was re-formed (an elastic job only; Note [Elastic Horovod])."""
+        return self.elastic and (not self._bound or bootstrap.stale()
+                                 or self.world is not bootstrap.world())
+
+    def _rebind(self) -> None:
+        """Stops this session's engine (its world failed or changed) and binds to the world of
+        now, with a plan for its size; the iteration-local counts start over."""
+        if self._bound:
+            self.engine.shutdown()  # no wait: its collectives may have failed
+        self._bound = False
+        self._abandon_iteration()
+        self._bind()
+
+    def _abandon_iteration(self) -> None:
+        """Forgets the gradients handed over in an iteration that failed: Horovod's elastic loop
+        restores the last commit and runs the iteration again."""
+        self._reset_counts()
+        self._gradients_started = False
+
+    def _reset_counts(self) -> None:
+        self._delay = [self.passes] * len(self.specs)
+        self._handed = self._marked = 0
+        if self._bound:
+            self.sparse.reset(self.passes)
+
+    def _elastic_guard(self, call: Callable[[], None]) -> None:
+        """Runs `call`; in an elastic job a failure first abandons the iteration, so that the
+        restored run starts it clean."""
+        try:
+            call()
+        except RuntimeError:
+            if self.elastic:
+                self._abandon_iteration()
+            raise
+
+    @property
+    def elastic_state_step(self) -> bool:
+        """Whether step() is Horovod's state initialisation of an elastic sync: an optimizer with
+        no state yet steps once on zero gradients, on the ranks that lack state only (a joining
+        worker), outside any iteration. Horovod's own optimizer steps locally there, and so does
+        this one: no gradient was handed over and the world is not yet formed for this run."""
+        return self.elastic and not self._gradients_started and self.stale
 
     def _check_ranks_agree(self, routed: list[tuple[str, torch.Tensor]]) -> None:
         check_identical(self.world, "wrapped parameters (name, shape, dtype)",
@@ -133,12 +206,20 @@ class Session:
         policy, model = self.config.policy, self.options.model
         if policy.overlaps_iterations:
             check_overlap_allowed(policy.value, model, base_cls)
-        elif not (policy is Policy.AUTO and overlap_possible(model, base_cls)):
-            return None
+        elif self.elastic or not (policy is Policy.AUTO and overlap_possible(model, base_cls)):
+            return None  # an elastic job runs synchronous plans only (see __init__)
         return OverlapRunner(self.deferred, model, self.params, self.engine)
 
     @property
+    def bound(self) -> bool:
+        """Whether the engine and its plan exist (in an elastic job: from the first step)."""
+        return self._bound
+
+    @property
     def plan(self) -> Plan:
+        if not self._bound:
+            raise RuntimeError("commsched: in an elastic Horovod job the plan is made at the "
+                               "first step, with the world of that step")
         return self.lifecycle.plan
 
     @property
@@ -151,9 +232,11 @@ class Session:
     def _first_gradient(self) -> None:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
+        if self.stale:
+            self._elastic_guard(self._rebind)
         self._gradients_started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
-        self.lifecycle.settle(self.iteration)
+        self._elastic_guard(lambda: self.lifecycle.settle(self.iteration))
         if self.runner is not None and self.runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
             self.runner.finish()
@@ -195,13 +278,13 @@ class Session:
     @property
     def pending(self) -> bool:
         """Whether some gradient of this iteration was handed over and not yet reduced."""
+        if not self._bound:
+            return self._handed > 0  # unbound: no sparse gradient was counted either
         return self._handed > 0 or (len(self.sparse) > 0 and self.sparse.pending(self.passes))
 
     def set_passes(self, passes: int) -> None:
         self.passes = passes
-        self._delay = [passes] * len(self.specs)
-        self._handed = self._marked = 0
-        self.sparse.reset(passes)
+        self._reset_counts()
 
     # -- the end of an iteration ----------------------------------------------------------------
 
@@ -220,8 +303,13 @@ class Session:
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
+        if self.stale:  # no gradient in this iteration on this rank; the world changed
+            self._elastic_guard(self._rebind)
         _activity.now = ("step", time.monotonic(), self.iteration)
         self.flush()
+        self._elastic_guard(self._reduce)
+
+    def _reduce(self) -> None:
         self.lifecycle.settle(self.iteration)
         self._launch_rest()
         self.sparse.exchange()  # while the engine's thread reduces the dense blocks
@@ -284,7 +372,8 @@ class Session:
         """Stops this session's engine and removes its hooks and the runner's module hooks.
         Updates still deferred are dropped (call flush() first to keep them): close() also
         serves after a failed collective, when nothing can be waited for any more."""
-        self.engine.shutdown()
+        if self._bound:
+            self.engine.shutdown()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ops import ReduceOp
-from ..world import RankFailureError, World, registry
+from ..world import World, registry
 from ..world.errors import without_backtrace
 from .deferred import DeferredUpdates
 
@@ -103,8 +103,8 @@ class SparseExchange:
         except RuntimeError as err:
             liveness = getattr(self._world, "liveness", None)
             verdict = liveness.diagnose().text if liveness is not None else ""
-            raise RankFailureError(f"{verdict + ': ' if verdict else ''}commsched: all-gather of "
-                                   f"sparse gradient {what} failed: {without_backtrace(err)}"
+            raise self._world.fail(f"{verdict + ': ' if verdict else ''}commsched: all-gather "
+                                   f"of sparse gradient {what} failed: {without_backtrace(err)}"
                                    ) from err
         finally:
             activity.now = previous

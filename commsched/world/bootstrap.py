@@ -3,7 +3,8 @@
 * ``horovodrun``: ``hvd.init()``; rank 0 opens a ``TCPStore`` on a free port and broadcasts its
   address with Horovod (under an explicit name: Horovod names an unnamed broadcast_object after
   the object's type, which differs between root and receivers and hangs every rank).
-* ``torchrun``: ``env://`` rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
+* ``torchrun``: ``env://`` rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; in
+  the agent's store under a prefix of the attempt when ``--max-restarts`` may restart the group.
 * a lone process: world size 1, no network at all.
 """
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from ..config import load_config
 from . import registry
+from .errors import RankFailureError, elastic, failure_type, without_backtrace
 
 log = logging.getLogger("commsched")
 
@@ -46,12 +48,29 @@ class World:
     timeout: float
     store_address: tuple[str, int] | None = None  # rendezvous store, for heartbeats
     liveness: Any = None
+    generation: int = 0  # how many worlds this process formed before (elastic re-forming)
+    broken: bool = False  # a collective failed: an elastic job re-forms the world
+
+    def fail(self, text: str) -> RankFailureError:
+        """The error for a failed collective of this world; marks the world broken (an elastic
+        job re-forms it at the next step, Note [Elastic Horovod])."""
+        self.broken = True
+        return failure_type()(text)
+
+    def _control(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            call(*args, group=self.control_group, **kwargs)
+        except RuntimeError as err:
+            if not elastic():
+                raise
+            raise self.fail(f"commsched: a control message failed: {without_backtrace(err)}"
+                            ) from err
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if self.size == 1:
             return [obj]
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.control_group)
+        self._control(dist.all_gather_object, out, obj)
         return out
 
     def new_data_group(self) -> Any | None:
@@ -68,11 +87,12 @@ class World:
         if self.size == 1:
             return obj
         box = [obj if self.rank == root else None]
-        dist.broadcast_object_list(box, src=root, group=self.control_group)
+        self._control(dist.broadcast_object_list, box, src=root)
         return box[0]
 
 
 _world: World | None = None
+_generation = 0  # worlds formed by this process so far (see Note [Elastic Horovod])
 
 
 def _backend() -> str:
@@ -160,10 +180,29 @@ def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher,
     return World(rank, size, local_rank, launcher, group, control, owns, timeout)
 
 
+def _attempt_namespace() -> str:
+    """The store's key prefix for this attempt of a torchrun job ("" outside torchrun's agent).
+    The agent hosts one store for all restarts of the group (TORCHELASTIC_USE_AGENT_STORE) and
+    keeps every key in it: a restarted rank would read the previous attempt's Gloo addresses and
+    dial ranks that are gone ("Connection refused"), or take stale heartbeats for its peers."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""
+    return f"commsched/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
 def _torchrun_world(timeout: float) -> World:
     _choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    dist.init_process_group(_backend(), init_method="env://",
-                            timeout=datetime.timedelta(seconds=timeout))
+    delta = datetime.timedelta(seconds=timeout)
+    namespace = _attempt_namespace()
+    if namespace:
+        size = int(os.environ["WORLD_SIZE"])
+        store = dist.PrefixStore(namespace, dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=False,
+            timeout=delta))
+        dist.init_process_group(_backend(), store=store, rank=int(os.environ["RANK"]),
+                                world_size=size, timeout=delta)
+    else:
+        dist.init_process_group(_backend(), init_method="env://", timeout=delta)
     return _world_from_group(dist.get_rank(), dist.get_world_size(),
                              int(os.environ.get("LOCAL_RANK", "0")), Launcher.TORCHRUN, True,
                              timeout)
@@ -196,6 +235,7 @@ def init(timeout: float | None = None, stall_warning: float | None = None) -> Wo
         _world = _torchrun_world(seconds)
     else:
         _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
+    _world.generation = _generation
     _start_liveness(_world, stall_warning)
     log.debug("commsched.init: rank %d of %d via %s", _world.rank, _world.size,
               _world.launcher.value)
@@ -212,8 +252,9 @@ def _start_liveness(w: World, stall_warning: float | None) -> None:
 
     if stall_warning is None:  # unset, it follows the world's timeout
         stall_warning = load_config({"timeout": w.timeout}).stall_warning
+    namespace = _attempt_namespace() if w.launcher is Launcher.TORCHRUN else ""
     w.liveness = Liveness(address[0], address[1], w.rank, w.size, stall_warning,
-                          registry.participants)
+                          registry.participants, namespace)
 
 
 def world() -> World:
@@ -245,6 +286,70 @@ def shutdown() -> None:
 
         hvd.shutdown()
     _world = None
+
+
+# Note [Elastic Horovod]
+# Under ``hvd.elastic.run`` the set of workers changes: a worker dies (its peers' collectives
+# fail) or the host-discovery script adds or removes hosts (HostsUpdatedInterrupt at a commit).
+# Horovod then restores the last commit (after a failure), re-initialises itself with the new
+# ranks (hvd.shutdown(); hvd.init()) and re-runs the training function after state.sync().
+# commsched follows without any call from the user:
+# * a failed collective raises failure_type(), which is also Horovod's HorovodInternalError,
+#   and marks the world broken;
+# * at the next step every session asks `stale()`: broken, or Horovod's rank or size is no
+#   longer the world's. The first to see it calls `reform()` (stop every engine, drop the
+#   groups, form a new world from Horovod's new ranks); each session then rebinds to the new
+#   generation (its engine, groups and a plan for the new size; runtime/session.py).
+# Every rank reaches that step together: Horovod re-runs the training function on all of them
+# after the sync, and a joining worker forms its first world there too (a session in an
+# elastic job binds lazily: its wrap happens while the others are still in their reset).
+# Horovod's sync steps a joining worker's optimizer once on zero gradients when it has no state
+# yet (broadcast_optimizer_state), on that worker alone: a step() with no gradient handed over
+# while the world is stale is taken for that and stays local (Session.elastic_state_step), so a
+# rank with no gradient at all in the first iteration after a reset would not join the others.
+# What cannot be seen: the workers replaced by as many others at a HostsUpdatedInterrupt, with
+# no failure and each rank keeping its number: the new workers then wait for the old ones in
+# the new world's rendezvous until COMMSCHED_TIMEOUT.
+
+
+def stale() -> bool:
+    """Whether the world must be (re-)formed before the next collective: none yet, a collective
+    failed, or Horovod re-initialised with other ranks (Note [Elastic Horovod])."""
+    w = _world
+    if w is None or w.broken:
+        return True
+    if w.launcher is Launcher.HOROVOD and elastic():
+        import horovod.torch as hvd
+
+        return (hvd.rank(), hvd.size()) != (w.rank, w.size)
+    return False
+
+
+def current(timeout: float, stall_warning: float | None) -> World:
+    """The world of now: the existing one, or in an elastic job a re-formed one when it is stale
+    (all ranks call this together at a step; Note [Elastic Horovod])."""
+    if _world is not None and elastic() and stale():
+        return reform()
+    return init(timeout, stall_warning)
+
+
+def reform() -> World:
+    """Stops every engine, drops the process groups and forms the world anew from Horovod's
+    ranks of now, with the same timeout and stall warning. Horovod itself stays initialised."""
+    global _world, _generation
+    old = _world
+    assert old is not None
+    registry.shutdown_all()
+    stall_warning = old.liveness.stall_warning if old.liveness is not None else None
+    if old.liveness is not None:
+        old.liveness.stop()
+    if old.owns_process_group and dist.is_initialized():
+        time.sleep(0.05)  # as in shutdown(): let Gloo's workers take the GIL once more
+        dist.destroy_process_group()
+    _world = None
+    _generation += 1
+    log.info("commsched: re-forming the world (was rank %d of %d)", old.rank, old.size)
+    return init(old.timeout, stall_warning)
 
 
 def rank() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 # c10::Error's text carries the C++ backtrace of where it was raised: for a failed collective
@@ -24,3 +25,29 @@ class MismatchError(RuntimeError):
 def without_backtrace(err: BaseException) -> str:
     """The error's text without the C++ backtrace lines c10 appends."""
     return _BACKTRACE.sub("", str(err)).rstrip()
+
+
+def elastic() -> bool:
+    """Whether this process is a worker of an elastic horovodrun job (``--min-np``/``--max-np``
+    or a host-discovery script): horovodrun sets HOROVOD_ELASTIC=1 for its workers."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+_elastic_failure: type[RankFailureError] | None = None
+
+
+def failure_type() -> type[RankFailureError]:
+    """The class of the error a failed collective raises. In an elastic Horovod job it is also
+    Horovod's HorovodInternalError: ``hvd.elastic.run`` catches that one, restores the last
+    commit and resets, and commsched re-forms its world at the next step (see Note [Elastic
+    Horovod] in world/bootstrap.py)."""
+    global _elastic_failure
+    if not elastic():
+        return RankFailureError
+    if _elastic_failure is None:
+        from horovod.common.exceptions import HorovodInternalError
+
+        _elastic_failure = type("ElasticRankFailureError",
+                                (RankFailureError, HorovodInternalError),
+                                {"__module__": __name__, "__doc__": RankFailureError.__doc__})
+    return _elastic_failure

@@ -73,8 +73,9 @@ class Diagnosis:
 
 class Liveness:
     def __init__(self, host: str, port: int, rank: int, size: int, stall_warning: float,
-                 engines: Callable[[], list[Any]]) -> None:
+                 engines: Callable[[], list[Any]], namespace: str = "") -> None:
         self.rank, self.size, self.stall_warning = rank, size, stall_warning
+        self._prefix = namespace + PREFIX  # a restarted torchrun job's attempt has its own
         self._engines = engines
         self._store = dist.TCPStore(host, port, size, is_master=False,
                                     timeout=datetime.timedelta(seconds=STORE_TIMEOUT))
@@ -105,14 +106,14 @@ class Liveness:
             try:
                 state = json.dumps(self._state())
                 with self._lock:
-                    self._store.set(PREFIX + str(self.rank), state)
+                    self._store.set(self._prefix + str(self.rank), state)
                 if self.rank == 0 and self.stall_warning > 0:
                     self._inspect()
             except Exception as err:  # a gone store must not kill training
                 log.debug("commsched liveness: %s", err)
 
     def _read_all(self) -> dict[int, dict | None]:
-        keys = [PREFIX + str(r) for r in range(self.size)]
+        keys = [self._prefix + str(r) for r in range(self.size)]
         # Bounded: the beating thread may hold the client in a set() to a store that is gone.
         if not self._lock.acquire(timeout=STORE_TIMEOUT):
             raise TimeoutError("the store client stayed busy")
@@ -168,7 +169,7 @@ class Liveness:
         self._thread.join(timeout=STORE_TIMEOUT + INTERVAL)
         try:
             with self._lock:
-                self._store.set(PREFIX + str(self.rank),
+                self._store.set(self._prefix + str(self.rank),
                                 json.dumps({"beat": -1, "engines": {}, "left": True}))
         except Exception:  # best effort on the way out
             pass

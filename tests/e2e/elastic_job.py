@@ -1,0 +1,145 @@
+"""Runs under an elastic ``horovodrun`` (test_elastic_horovodrun.py): trains 20 steps inside
+``hvd.elastic.run`` with ``hvd.elastic.TorchState(model=..., optimizer=<commsched optimizer>)``,
+committing after every step, while the job loses a worker and (optionally) gains one.
+
+Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
+    DIR       holds `hosts` (what the discovery script prints; rank 0 appends ADD_HOST to it at
+              step ADD_AT) and receives, per worker host, `log.<host>.jsonl` (one line per
+              executed step: step, Horovod's and commsched's world size, the plan; a step run
+              again after a restore appears again; or the error a step raised) and
+              `final.<host>.pt` (the parameters at the end)
+    KILL_AT   the worker that is rank 1 at that step kills itself (SIGKILL) before its forward
+              pass (once per job: a marker file in DIR); -1 for never
+    ADD_AT    at that step the workers wait until the added host has joined; -1 for never
+
+Each rank's batch follows from (step, rank), so a reference replaying the logged steps with
+their world sizes recomputes the average gradient of every committed step (`reference`); a
+step averaged over the wrong ranks, applied twice or lost shows in the parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import horovod.torch as hvd
+import torch
+from horovod.common.exceptions import HorovodInternalError
+from torch import nn
+
+import commsched
+
+STEPS = 20
+ROWS = 4
+LR, MOMENTUM = 0.05, 0.9
+JOIN_TIMEOUT_S = 120.0
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def make_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each rank's own batch: the average gradient of a step depends on which ranks ran it."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
+
+
+def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
+    x, y = batch(step, rank)
+    return nn.functional.mse_loss(model(x), y)
+
+
+def committed_steps(log_lines: list[dict]) -> list[tuple[int, int]]:
+    """(step, world size) of each step as it stands at the end: a step executed again after a
+    restore replaces the earlier execution."""
+    sizes: dict[int, int] = {}
+    for line in log_lines:
+        if "size" in line:
+            sizes[line["step"]] = line["size"]
+    return sorted(sizes.items())
+
+
+def reference(steps: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """One process replaying `steps`: each one's gradient is the average over that step's ranks."""
+    model = make_model()
+    opt = make_optimizer(model.parameters())
+    for step, size in steps:
+        opt.zero_grad()
+        total = sum((loss_of(model, step, r) for r in range(size)), torch.zeros(()))
+        (total / size).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
+    torch.set_num_threads(1)
+    host = os.environ["HOROVOD_HOSTNAME"]
+    hvd.init()
+    model = make_model()
+    opt = commsched.DistributedOptimizer(make_optimizer(model.parameters()),
+                                         named_parameters=model.named_parameters(),
+                                         policy=os.environ.get("ELASTIC_JOB_POLICY", "horovod"))
+    log_path = os.path.join(out_dir, f"log.{host}.jsonl")
+    marker = os.path.join(out_dir, "killed")
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.batch < STEPS:
+            step, rank, size = state.batch, hvd.rank(), hvd.size()
+            if step == kill_at and rank == 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == add_at and size < 3:
+                wait_for_new_host(state, out_dir, add_host)
+            try:
+                opt.zero_grad()
+                loss_of(model, step, rank).backward()
+                opt.step()
+            except Exception as err:  # what Horovod's loop gets: it must be one it handles
+                write_line(log_path, {"step": step, "error": type(err).__name__, "text": str(err),
+                                      "horovod_internal": isinstance(err, HorovodInternalError)})
+                raise
+            write_line(log_path, {"step": step, "size": size, "rank": rank,
+                                  "commsched_size": commsched.size(),
+                                  "plan": opt.plan.fingerprint})
+            state.batch = step + 1
+            state.commit()
+
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0)
+    train(state)
+    torch.save({"params": [p.detach() for p in model.parameters()], "size": hvd.size(),
+                "rank": hvd.rank(), "iteration": opt.session.iteration},
+               os.path.join(out_dir, f"final.{host}.pt"))
+    commsched.shutdown()
+    return 0
+
+
+def write_line(path: str, line: dict) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def wait_for_new_host(state: hvd.elastic.TorchState, out_dir: str, add_host: str) -> None:
+    """Rank 0 lists `add_host` for the discovery script; every rank polls Horovod's host
+    updates together (check_host_updates is a broadcast) until the reset that adds it."""
+    if hvd.rank() == 0:
+        with open(os.path.join(out_dir, "hosts"), "a", encoding="utf-8") as handle:
+            handle.write(f"{add_host}:1\n")
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        state.check_host_updates()  # raises HostsUpdatedInterrupt once the host is added
+    raise TimeoutError(f"{add_host} did not join within {JOIN_TIMEOUT_S:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))

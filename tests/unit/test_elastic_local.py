@@ -1,0 +1,117 @@
+"""Elastic Horovod's protocol as a wrapped optimizer sees it, in a world of one with
+HOROVOD_ELASTIC=1 (the multi-worker run is tests/e2e/test_elastic_horovodrun.py): the session
+binds at its first step, a failure raises Horovod's HorovodInternalError, TorchState's
+save / restore / sync calls work on an unbound or broken session, and the next step re-forms the
+world and plans again from the restored iteration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from horovod.common.exceptions import HorovodInternalError
+from torch import nn
+
+import commsched
+from commsched.optimizer import _DistributedOptimizer as Wrapped
+from commsched.world import bootstrap
+from commsched.world.errors import failure_type
+
+
+@pytest.fixture
+def elastic_world(monkeypatch):
+    commsched.shutdown()  # a world formed by an earlier test was not elastic
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    yield
+    commsched.shutdown()
+
+
+def _setup(policy: str = "mgwfbp") -> tuple[nn.Module, Wrapped]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(), policy=policy, profile_steps=2)
+    return model, opt
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    opt.zero_grad()
+    model(torch.randn(5, 3)).square().sum().backward()
+    opt.step()
+
+
+def test_failure_is_horovods_internal_error(elastic_world) -> None:
+    assert issubclass(failure_type(), HorovodInternalError)
+    assert issubclass(failure_type(), commsched.RankFailureError)
+
+
+def test_session_binds_at_first_step_and_reforms_after_a_failure(elastic_world) -> None:
+    model, opt = _setup()
+    session = opt.session
+    # At wrap: no world, no plan; TorchState's save works and carries no commsched entry.
+    assert not bootstrap.is_initialized() and not session.bound
+    assert "commsched" not in opt.state_dict()
+    with pytest.raises(RuntimeError, match="made at the first step"):
+        _ = opt.plan
+    # Horovod's broadcast_optimizer_state on a fresh optimizer: step() on zero gradients, local.
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert len(opt.state) == 4 and not session.bound and not bootstrap.is_initialized()
+
+    _step(model, opt)
+    first = bootstrap.world()
+    assert session.bound and session.iteration == 1 and session.lifecycle.replan_at == 2
+    committed = opt.state_dict()
+    assert committed["commsched"]["iteration"] == 1
+    _step(model, opt)
+    _step(model, opt)
+    assert session.iteration == 3 and session.plan.policy == "mgwfbp"
+
+    # A collective fails (as a dead peer makes it): the world is broken, the step is abandoned.
+    error = first.fail("peer gone")
+    assert isinstance(error, HorovodInternalError) and session.stale
+    # hvd.elastic.run's restore: the last commit's position, no engine touched.
+    opt.load_state_dict(committed)
+    assert session.iteration == 1
+    _step(model, opt)
+    assert bootstrap.world() is not first and bootstrap.world().generation == first.generation + 1
+    # Profiled afresh for the re-formed world: the profiling plan until iteration 1 + 2.
+    assert session.iteration == 2 and session.lifecycle.replan_at == 3
+    assert session.plan.policy != "mgwfbp"
+    _step(model, opt)
+    assert session.plan.policy == "mgwfbp"
+
+
+def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None:
+    model, opt = _setup()
+    _step(model, opt)
+    first = bootstrap.world()
+
+    def wait() -> None:  # what a dead peer makes of the engine's wait
+        raise first.fail("collective of block 0 failed: Connection reset by peer")
+
+    monkeypatch.setattr(opt.session.engine, "wait", wait)
+    opt.zero_grad()
+    model(torch.randn(5, 3)).square().sum().backward()
+    with pytest.raises(HorovodInternalError, match="Connection reset"):
+        opt.step()
+    # The restored run starts with zero_grad(): nothing of the failed iteration is pending.
+    assert not opt.session.pending
+    _step(model, opt)
+    assert opt.session.iteration == 2 and bootstrap.world().generation == first.generation + 1
+
+
+def test_overlap_policy_is_refused_in_an_elastic_job(elastic_world) -> None:
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="elastic Horovod job"):
+        commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), model=model,
+                                       policy="prophet")
+
+
+def test_kfac_is_refused_in_an_elastic_job(elastic_world) -> None:
+    from commsched.kfac import KFACPreconditioner
+
+    with pytest.raises(ValueError, match="K-FAC preconditioner does not re-form"):
+        KFACPreconditioner(nn.Sequential(nn.Linear(3, 2)))
