@@ -24,6 +24,7 @@ correctly (identical parameters everywhere), only not bit-identically to the run
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,9 @@ class CompressedGradients:
         self.layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
             else self._topk_layout()
         self._positions: tuple[int, list[int], list[int]] | None = None  # per installed plan
+        # Training-thread seconds this iteration spent compressing and decompressing (waits
+        # for the engine excluded): the profile's compute.compression_s.
+        self.busy_s = 0.0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -166,6 +170,13 @@ class CompressedGradients:
 
     def hand_over(self, index: int, grad: torch.Tensor) -> None:
         """The gradient of compressed tensor `index` (position in `ids`), on its last pass."""
+        started = time.perf_counter()
+        try:
+            self._hand_over(index, grad)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    def _hand_over(self, index: int, grad: torch.Tensor) -> None:
         residual = self.residuals[index]
         residual += grad.view(residual.shape)  # residual now holds M = g + e
         self._handed[index] = True
@@ -215,6 +226,7 @@ class CompressedGradients:
         if self._positions is None or self._positions[0] != id(plan):
             self._positions = (id(plan), *self._plan_positions(plan))
         _, p_pos, q_order = self._positions
+        started, waited_before = time.perf_counter(), self._engine.waited_s
         waited = -1
         for index in q_order:
             if p_pos[index] > waited:
@@ -223,10 +235,12 @@ class CompressedGradients:
             p_hat = orthogonalise_(self.p_wire[index])
             torch.matmul(self.residuals[index].T, p_hat, out=self.q_wire[index])
             self._engine.mark_ready(self.q_ids[index], self.q_wire[index])
+        self.busy_s += time.perf_counter() - started - (self._engine.waited_s - waited_before)
 
     def finish(self, scale: float) -> None:
         """After every block completed: the gradients from the exchanged messages; `scale` is
         the product of the engine's pre- and post-scale (top-k sums them itself)."""
+        started = time.perf_counter()
         if isinstance(self.lossy, PowerSGD):
             for index, param in enumerate(self.params):
                 approx = powersgd_approx(self.p_wire[index], self.q_wire[index])
@@ -238,6 +252,11 @@ class CompressedGradients:
                 _set_grad(param, self._combined(index, scale))
         self._handed = [False] * len(self.ids)
         self._pending = 0
+        self.busy_s += time.perf_counter() - started
+
+    def take_busy_s(self) -> float:
+        busy, self.busy_s = self.busy_s, 0.0
+        return busy
 
     def _combined(self, index: int, scale: float) -> torch.Tensor:
         p, k = self.params[index], self.k[index]

@@ -302,6 +302,7 @@ class Session:
         self.engine.wait()
         if compressed is not None:
             compressed.finish(self._lossy_scale)
+            self.engine.profiler.note("compression_s", compressed.take_busy_s())
         self._end_iteration()
 
     def step_deferred(self) -> None:

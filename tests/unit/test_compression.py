@@ -293,3 +293,15 @@ def test_compression_from_the_knob(monkeypatch) -> None:
                                          profile_steps=0)
     assert opt.plan.policy == "horovod+powersgd(rank=1)"
     opt.session.close()
+
+
+def test_profile_has_the_compute_compression_adds() -> None:
+    model = _model()
+    opt = _wrap(model, Compression.topk(ratio=0.1), profile_steps=3)
+    for step in range(3):
+        _step(model, opt, step)
+    document = opt.session.profile_document()
+    opt.session.close()
+    assert document["compute"]["compression_s"] > 0
+    wire = [t for t in document["tensors"] if "topk" in t["name"]]
+    assert wire == []  # the profile lists the model's tensors; wire blocks are in the samples
