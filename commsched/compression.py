@@ -80,7 +80,7 @@ class PowerSGD:
     def compresses(self, shape: Sequence[int]) -> bool:
         """Whether a tensor of `shape` is sent as factors: a matrix view n x m (first dimension
         by the rest) whose factors r (n + m) are at least `min_ratio` times smaller than it."""
-        if len(shape) < 2:
+        if len(shape) < 2 or math.prod(shape) == 0:
             return False
         n, m = matrix_shape(shape)
         return self.rank_for(shape) * (n + m) * self.min_ratio <= n * m

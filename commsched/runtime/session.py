@@ -86,8 +86,6 @@ class Session:
             prepare_file(timeline_path(config.timeline, self.world.rank), "COMMSCHED_TIMELINE")
         self.config = config
         self.options = options
-        if options.lossy is not None:  # before any group or engine exists (nothing to undo)
-            check_compression_allowed(config.policy, options.lossy)
         self.iteration = 0
         self.passes = options.backward_passes_per_step
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
@@ -105,6 +103,8 @@ class Session:
             options.lossy, self.specs, self.params, self.world.size, self.world.rank)
         wire = [] if self.compressed is None else self.compressed.wire_specs
         self._check_ranks_agree(routed)
+        if options.lossy is not None:  # before any group or engine exists (nothing to undo)
+            check_compression_allowed(config.policy, options.lossy)
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.sparse = SparseExchange(self.world, routed, options.op, self.passes)
         self.engine = EngineHandle(self.world, self.specs + wire, config.timeout, config.timeline,
@@ -347,7 +347,8 @@ class Session:
         self._gradients_started = False
         self.iteration += 1
         self.engine.mark(f"iteration {self.iteration}")
-        self._compression_switch()
+        if self.compressed is not None:
+            self._compression_switch()
         self.lifecycle.iteration_ended(self.iteration)
 
     def flush(self) -> None:

@@ -104,3 +104,24 @@ def test_compressed_training_matches_simulation(world: int, lossy: PowerSGD | To
     # Lossy indeed: the uncompressed average would give other parameters.
     plain = _simulate(world, PowerSGD(rank=2, min_ratio=1.0, start_step=STEPS))
     assert any(not torch.allclose(a, b, atol=1e-5) for a, b in zip(expected, plain, strict=True))
+
+
+def _mismatched_compression() -> str:
+    import commsched
+
+    commsched.init()
+    rank = commsched.rank()
+    model = _model()
+    try:
+        commsched.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+            compression=commsched.Compression.powersgd(rank=1 + rank, min_ratio=1))
+    except commsched.MismatchError as err:
+        return str(err)
+    return "no error"
+
+
+def test_ranks_with_other_compression_settings_refuse_to_start() -> None:
+    results = distributed_test(_mismatched_compression, world_size=2, timeout=90)
+    for text in results.values():
+        assert "settings" in text and "PowerSGD(rank=2" in text, text

@@ -120,6 +120,7 @@ def test_which_tensors_compress() -> None:
     assert not psgd.compresses((1000,))  # 1-D: never
     assert psgd.compresses((64, 64))  # 4 * 128 * 2 <= 4096
     assert not psgd.compresses((8, 8))  # 4 * 16 * 2 > 64
+    assert not PowerSGD(rank=4, min_ratio=0.0).compresses((0, 64))  # nothing to send
     assert psgd.compresses((16, 3, 3, 3)) is (4 * (16 + 27) * 2 <= 16 * 27)
     topk = TopK(ratio=0.01)
     assert topk.k(1000) == 10 and topk.compresses((1000,)) and not topk.compresses((3,))
