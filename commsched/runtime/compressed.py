@@ -105,9 +105,13 @@ class CompressedGradients:
     def wire_specs(self) -> list[TensorSpec]:
         return list(self._wire)
 
-    def _add_wire(self, name: str, numel: int, dtype: torch.dtype) -> TensorSpec:
+    def _add_wire(self, name: str, numel: int, dtype: torch.dtype,
+                  forward_index: int | None = None) -> TensorSpec:
+        """A wire tensor's spec; `forward_index` (its priority for the planners) is that of
+        the gradient it carries, else it comes after every gradient."""
         spec = TensorSpec(self._next_id, name, numel, dtype_name(dtype),
-                          torch.empty(0, dtype=dtype).element_size(), forward_index=self._next_id)
+                          torch.empty(0, dtype=dtype).element_size(),
+                          forward_index=self._next_id if forward_index is None else forward_index)
         self._next_id += 1
         self._wire.append(spec)
         return spec
@@ -123,15 +127,10 @@ class CompressedGradients:
         self.p_wire = [torch.empty(matrix_shape(p.shape)[0], lossy.rank_for(p.shape),
                                    dtype=p.dtype, device=p.device) for p in self.params]
         self.q_wire = [torch.empty_like(q) for q in self.q]
-        p_specs = [self._add_wire(f"{n}/powersgd.P", t.numel(), t.dtype)
-                   for n, t in zip(self.names, self.p_wire, strict=True)]
-        q_specs = [self._add_wire(f"{n}/powersgd.Q", t.numel(), t.dtype)
-                   for n, t in zip(self.names, self.q_wire, strict=True)]
-        # Q's forward index is its gradient's: the planner orders the late blocks by priority.
-        q_specs = [TensorSpec(s.tensor_id, s.name, s.numel, s.dtype, s.element_size,
-                              forward_index=self.ids[i]) for i, s in enumerate(q_specs)]
-        p_specs = [TensorSpec(s.tensor_id, s.name, s.numel, s.dtype, s.element_size,
-                              forward_index=self.ids[i]) for i, s in enumerate(p_specs)]
+        p_specs = [self._add_wire(f"{n}/powersgd.P", t.numel(), t.dtype, tid)
+                   for n, t, tid in zip(self.names, self.p_wire, self.ids, strict=True)]
+        q_specs = [self._add_wire(f"{n}/powersgd.Q", t.numel(), t.dtype, tid)
+                   for n, t, tid in zip(self.names, self.q_wire, self.ids, strict=True)]
         self.p_ids = [s.tensor_id for s in p_specs]
         self.q_ids = [s.tensor_id for s in q_specs]
         source = {s.tensor_id: self.ids[i] for i, s in enumerate(p_specs)}
