@@ -297,11 +297,15 @@ class Session:
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         if compressed is not None:
+            started = _C.now_us()
             compressed.release_late(self.plan)
+            self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
         self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         self.engine.wait()
         if compressed is not None:
+            started = _C.now_us()
             compressed.finish(self._lossy_scale)
+            self.engine.span("decompress", started)
             self.engine.profiler.note("compression_s", compressed.take_busy_s())
         self._end_iteration()
 

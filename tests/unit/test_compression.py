@@ -312,3 +312,19 @@ def test_profile_has_the_compute_compression_adds() -> None:
     assert document["compute"]["compression_s"] > 0
     wire = [t for t in document["tensors"] if "topk" in t["name"]]
     assert wire == []  # the profile lists the model's tensors; wire blocks are in the samples
+
+
+def test_timeline_shows_the_wire_tensors_and_the_compute(tmp_path) -> None:
+    import json
+
+    model = _model()
+    opt = _wrap(model, Compression.powersgd(rank=2, min_ratio=1), profile_steps=1,
+                timeline=str(tmp_path / "trace.json"))
+    for step in range(2):
+        _step(model, opt, step)
+    opt.session.close()
+    events = json.loads((tmp_path / "trace.rank0.json").read_text())
+    names = [e["name"] for e in events]
+    assert names.count("ready:0.weight/powersgd.P") == names.count("ready:0.weight/powersgd.Q") == 2
+    assert "ready:0.weight" not in names  # the compressed gradient itself is in no block
+    assert {"compress", "decompress"} <= set(names)
