@@ -220,8 +220,10 @@ def powersgd_approx(p_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def warm_start_(q: torch.Tensor, new_q: torch.Tensor) -> torch.Tensor:
     """The next step's Q, into `q`: this step's, except where a column of P was dropped (Note
-    [Dependent columns of P]): that column of Q is zero and would stay so; the old one is kept."""
-    dropped = new_q.abs().sum(dim=0) == 0
+    [Dependent columns of P]): that column of Q is zero and would stay so; the old one is kept.
+    So is it where the new column is not finite (an overflowing step under AMP's loss scaler,
+    which skips that step): one bad step must not poison every later one."""
+    dropped = (new_q.abs().sum(dim=0) == 0) | ~torch.isfinite(new_q).all(dim=0)
     return q.copy_(torch.where(dropped, q, new_q))
 
 

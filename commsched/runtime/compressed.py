@@ -244,11 +244,13 @@ class CompressedGradients:
             for index, param in enumerate(self.params):
                 approx = powersgd_approx(self.p_wire[index], self.q_wire[index])
                 self.residuals[index] -= approx
+                _finite_(self.residuals[index])
                 warm_start_(self.q[index], self.q_wire[index])
                 _set_grad(param, approx)
         else:
             for index, param in enumerate(self.params):
                 _set_grad(param, self._combined(index, scale))
+                _finite_(self.residuals[index])
         self._handed = [False] * len(self.ids)
         self._pending = 0
         self.busy_s += time.perf_counter() - started
@@ -287,6 +289,13 @@ class CompressedGradients:
             mine.copy_(theirs)
         for mine, theirs in zip(getattr(self, "q", []), saved["q"], strict=True):
             mine.copy_(theirs)
+
+
+def _finite_(residual: torch.Tensor) -> None:
+    """An overflowing step (AMP's loss scaler skips it) leaves inf or NaN in M: the gradient
+    keeps them, so that the scaler sees the overflow, but the residual drops them, or every
+    later step would inherit them. In place, with no synchronisation with the device."""
+    residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _shape2(p: torch.Tensor) -> tuple[int, ...]:

@@ -328,3 +328,26 @@ def test_timeline_shows_the_wire_tensors_and_the_compute(tmp_path) -> None:
     assert names.count("ready:0.weight/powersgd.P") == names.count("ready:0.weight/powersgd.Q") == 2
     assert "ready:0.weight" not in names  # the compressed gradient itself is in no block
     assert {"compress", "decompress"} <= set(names)
+
+
+@pytest.mark.parametrize("compression", [Compression.powersgd(rank=2, min_ratio=1),
+                                         Compression.topk(ratio=0.1)], ids=["powersgd", "topk"])
+def test_an_overflowing_step_does_not_poison_the_state(compression: Any) -> None:
+    """AMP's loss scaler skips a step whose gradients overflowed; the compressor's state must
+    come out of it finite, and the gradient must still show the overflow."""
+    model = _model()
+    opt = _wrap(model, compression, profile_steps=0)
+    _step(model, opt, 0)
+    opt.zero_grad()
+    (model(torch.full((8, 20), float("inf"))).sum()).backward()
+    opt.synchronize()
+    assert any(not torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    state = opt.session.compressed
+    assert state is not None
+    assert all(torch.isfinite(e).all() for e in state.residuals)
+    assert all(torch.isfinite(q).all() for q in getattr(state, "q", []))
+    # The scaler skipped opt.step(); the next one warns as Horovod's does after synchronize().
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        _step(model, opt, 1)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    opt.session.close()
