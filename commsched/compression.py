@@ -245,27 +245,30 @@ def topk_combine(numel: int, values: torch.Tensor, indices: torch.Tensor, scale:
 # -- single-process simulations of one compressed averaging step ---------------------------------
 
 def simulate_powersgd(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
-                      q: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-    """One step over every rank's matrix gradient: (average approximation, new residuals,
-    the next warm-start Q). Sums in rank order, as the engine's collectives may not: compare
-    to tolerance."""
-    world = len(grads)
+                      q: torch.Tensor, scale: float | None = None
+                      ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """One step over every rank's matrix gradient: (the approximation of the reduced gradient,
+    new residuals, the next warm-start Q). `scale` multiplies each sum (default: 1 / world,
+    Average; 1 for Sum). Sums in rank order, as the engine's collectives may not: compare to
+    tolerance."""
+    scale = 1.0 / len(grads) if scale is None else scale
     ms = [g + e for g, e in zip(grads, residuals, strict=True)]
-    p = orthogonalise_(sum((powersgd_p(m, q) for m in ms), torch.zeros_like(ms[0] @ q)) / world)
-    new_q = sum((powersgd_q(m, p) for m in ms), torch.zeros_like(q)) / world
+    p = orthogonalise_(sum((powersgd_p(m, q) for m in ms), torch.zeros_like(ms[0] @ q)) * scale)
+    new_q = sum((powersgd_q(m, p) for m in ms), torch.zeros_like(q)) * scale
     approx = powersgd_approx(p, new_q)
     return approx, [m - approx for m in ms], warm_start_(q.clone(), new_q)
 
 
-def simulate_topk(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: int
-                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One top-k step over every rank's gradient: (average, new residuals)."""
-    world = len(grads)
+def simulate_topk(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: int,
+                  scale: float | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One top-k step over every rank's gradient: (the reduced gradient, new residuals);
+    `scale` as for simulate_powersgd."""
+    scale = 1.0 / len(grads) if scale is None else scale
     ms = [g + e for g, e in zip(grads, residuals, strict=True)]
     picked = [topk_select(m, k) for m in ms]
     values = torch.cat([v for v, _ in picked])
     indices = torch.cat([i for _, i in picked])
-    average = topk_combine(ms[0].numel(), values, indices, 1.0 / world, ms[0].dtype)
+    average = topk_combine(ms[0].numel(), values, indices, scale, ms[0].dtype)
     new_residuals = []
     for m, (_, index) in zip(ms, picked, strict=True):
         residual = m.clone().reshape(-1)

@@ -33,7 +33,8 @@ def _loss(model: nn.Module, step: int, rank: int) -> torch.Tensor:
     return model(x).square().mean()
 
 
-def _simulate(world: int, lossy: PowerSGD | TopK) -> list[torch.Tensor]:
+def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[torch.Tensor]:
+    scale = 1.0 if op == "sum" else 1.0 / world
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     params = list(model.parameters())
@@ -54,28 +55,32 @@ def _simulate(world: int, lossy: PowerSGD | TopK) -> list[torch.Tensor]:
         for i, p in enumerate(params):
             grads = [g[i] for g in per_rank]
             if i not in compressed or step < lossy.start_step:
-                p.grad = torch.stack(grads).mean(0)
+                p.grad = torch.stack(grads).sum(0) * scale
             elif isinstance(lossy, PowerSGD):
                 mats = [g.reshape(residuals[i][0].shape) for g in grads]
-                approx, residuals[i], qs[i] = simulate_powersgd(mats, residuals[i], qs[i])
+                approx, residuals[i], qs[i] = simulate_powersgd(mats, residuals[i], qs[i],
+                                                                scale)
                 p.grad = approx.reshape(p.shape)
             else:
-                average, residuals[i] = simulate_topk(grads, residuals[i], lossy.k(p.numel()))
+                average, residuals[i] = simulate_topk(grads, residuals[i], lossy.k(p.numel()),
+                                                      scale)
                 p.grad = average.reshape(p.shape)
         opt.step()
     return [p.detach() for p in params]
 
 
-def _train(lossy: Any, policy: str) -> list[torch.Tensor]:
+def _train(lossy: Any, policy: str, op: str) -> list[torch.Tensor]:
     import commsched
 
+    scaling: dict[str, Any] = {"sum": {"op": commsched.Sum},
+                               "predivide": {"gradient_predivide_factor": 2.0}}.get(op, {})
     commsched.init()
     rank = commsched.rank()
     model = _model()
     opt = commsched.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
         named_parameters=model.named_parameters(), compression=lossy, policy=policy,
-        profile_steps=2)
+        profile_steps=2, **scaling)
     for step in range(STEPS):
         opt.zero_grad()
         _loss(model, step, rank).backward()
@@ -84,25 +89,26 @@ def _train(lossy: Any, policy: str) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-CASES: list[tuple[int, PowerSGD | TopK, str]] = [(2, PowerSGD(rank=2, min_ratio=1.0), "horovod"),
-         (3, PowerSGD(rank=2, min_ratio=1.0, start_step=2), "ddp"),
-         (2, TopK(ratio=0.1), "mgwfbp"),
-         (3, TopK(ratio=0.1), "horovod")]
+CASES: list[tuple[int, PowerSGD | TopK, str, str]] = [
+    (2, PowerSGD(rank=2, min_ratio=1.0), "horovod", "average"),
+    (3, PowerSGD(rank=2, min_ratio=1.0, start_step=2), "ddp", "predivide"),
+    (2, TopK(ratio=0.1), "mgwfbp", "sum"),
+    (3, TopK(ratio=0.1), "horovod", "predivide")]
 
 
-@pytest.mark.parametrize(("world", "lossy", "policy"), CASES,
-                         ids=[f"{w}ranks-{c.label}-{p}" for w, c, p in CASES])
+@pytest.mark.parametrize(("world", "lossy", "policy", "op"), CASES,
+                         ids=[f"{w}ranks-{c.label}-{p}-{o}" for w, c, p, o in CASES])
 def test_compressed_training_matches_simulation(world: int, lossy: PowerSGD | TopK,
-                                                policy: str) -> None:
-    results = distributed_test(_train, world_size=world, timeout=120, args=(lossy, policy))
+                                                policy: str, op: str) -> None:
+    results = distributed_test(_train, world_size=world, timeout=120, args=(lossy, policy, op))
     for rank in range(1, world):
         for a, b in zip(results[0], results[rank], strict=True):
             assert torch.equal(a, b), f"rank {rank} differs from rank 0"
-    expected = _simulate(world, lossy)
+    expected = _simulate(world, lossy, op)
     for ours, want in zip(results[0], expected, strict=True):
         torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-5)
     # Lossy indeed: the uncompressed average would give other parameters.
-    plain = _simulate(world, PowerSGD(rank=2, min_ratio=1.0, start_step=STEPS))
+    plain = _simulate(world, PowerSGD(rank=2, min_ratio=1.0, start_step=STEPS), op)
     assert any(not torch.allclose(a, b, atol=1e-5) for a, b in zip(expected, plain, strict=True))
 
 
