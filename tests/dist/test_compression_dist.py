@@ -72,8 +72,9 @@ def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[t
 def _train(lossy: Any, policy: str, op: str) -> list[torch.Tensor]:
     import commsched
 
-    scaling: dict[str, Any] = {"sum": {"op": commsched.Sum},
-                               "predivide": {"gradient_predivide_factor": 2.0}}.get(op, {})
+    options: dict[str, dict[str, Any]] = {"sum": {"op": commsched.Sum},
+                                          "predivide": {"gradient_predivide_factor": 2.0}}
+    scaling = options.get(op, {})
     commsched.init()
     rank = commsched.rank()
     model = _model()
