@@ -1,15 +1,26 @@
-"""Gradient compression by casting on the wire, Horovod's interface plus bf16.
+"""Gradient compression: casts on the wire (Horovod's interface plus bf16) and two lossy
+compressors with error feedback, PowerSGD and top-k (docs/compression.md).
 
-The engine casts while packing the fusion buffer (``wire_dtype``), so a compressor here is a
-description of the cast; ``compress``/``decompress`` keep Horovod's calling convention for code
-that uses them directly.
+A cast is applied by the engine while it packs the fusion buffer (``wire_dtype``), so its
+compressor is a description of the cast; ``compress``/``decompress`` keep Horovod's calling
+convention for code that uses them directly.
+
+``Compression.powersgd(...)`` and ``Compression.topk(...)`` return configurations: the run
+(commsched.runtime.compressed) turns them into extra wire tensors of the plan. The math itself
+is here as pure functions of tensors (``powersgd_*``, ``topk_*``, and the single-process
+simulations ``simulate_*`` that the tests compare the distributed runs with).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .config import KNOBS_BY_KEY, Config, parse_value
 
 
 class Compressor:
@@ -42,16 +53,101 @@ class BF16Compressor(Compressor):
     wire = torch.bfloat16
 
 
+def _checked(key: str, value: Any, call: str) -> Any:
+    """Validates a factory argument with its knob's rules, so that both spellings fail alike."""
+    return parse_value(KNOBS_BY_KEY[key], value, f"{call} argument {key.split('_', 1)[1]}")
+
+
+@dataclass(frozen=True)
+class PowerSGD:
+    """Vogels et al. (NeurIPS 2019): rank-`rank` factors P = M Q, Q = M^T P with one power
+    iteration from the previous step's Q, P orthogonalised in between, error feedback."""
+
+    rank: int = 1
+    start_step: int = 0
+    min_ratio: float = 2.0
+
+    @property
+    def label(self) -> str:
+        return f"powersgd(rank={self.rank})"
+
+    def rank_for(self, shape: Sequence[int]) -> int:
+        """The factors' rank for a tensor: at most min(n, m), where the factors already span
+        the whole matrix (a higher rank would only add columns of rounding noise to P)."""
+        n, m = matrix_shape(shape)
+        return min(self.rank, n, m)
+
+    def compresses(self, shape: Sequence[int]) -> bool:
+        """Whether a tensor of `shape` is sent as factors: a matrix view n x m (first dimension
+        by the rest) whose factors r (n + m) are at least `min_ratio` times smaller than it."""
+        if len(shape) < 2 or math.prod(shape) == 0:
+            return False
+        n, m = matrix_shape(shape)
+        return self.rank_for(shape) * (n + m) * self.min_ratio <= n * m
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The `ratio` share of entries largest in magnitude, with error feedback; every rank sends
+    exactly k values and k indices (a fixed-size all-gather, see docs/compression.md)."""
+
+    ratio: float = 0.01
+    start_step: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"topk(ratio={self.ratio:g})"
+
+    def k(self, numel: int) -> int:
+        return max(1, math.ceil(self.ratio * numel))
+
+    def compresses(self, shape: Sequence[int]) -> bool:
+        """Whether k values plus k int32 indices are at most half of the tensor's bytes (for
+        4-byte values: k <= numel / 4); the smallest tensors (biases) go uncompressed."""
+        numel = math.prod(shape)
+        return 0 < numel < 2**31 and 4 * self.k(numel) <= numel
+
+
+LossyCompression = PowerSGD | TopK
+
+
 class Compression:
-    """Namespace as in Horovod: ``Compression.none``, ``Compression.fp16``, plus ``bf16``."""
+    """Namespace as in Horovod: ``Compression.none``, ``Compression.fp16``, plus ``bf16`` and
+    the lossy ``powersgd(...)`` and ``topk(...)``."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
 
+    @staticmethod
+    def powersgd(rank: int = 1, start_step: int = 0, min_ratio: float = 2.0) -> PowerSGD:
+        call = "Compression.powersgd()"
+        return PowerSGD(_checked("powersgd_rank", rank, call),
+                        _checked("powersgd_start_step", start_step, call),
+                        _checked("powersgd_min_ratio", min_ratio, call))
 
-def resolve(compression: Any) -> type[Compressor]:
+    @staticmethod
+    def topk(ratio: float = 0.01) -> TopK:
+        return TopK(_checked("topk_ratio", ratio, "Compression.topk()"))
+
+
+_CASTS: dict[str, type[Compressor]] = {"none": NoneCompressor, "fp16": FP16Compressor,
+                                       "bf16": BF16Compressor}
+
+
+def from_config(cfg: Config) -> type[Compressor] | LossyCompression:
+    """The compressor COMMSCHED_COMPRESSION (and its parameters' knobs) name."""
+    if cfg.compression == "powersgd":
+        return PowerSGD(cfg.powersgd_rank, cfg.powersgd_start_step, cfg.powersgd_min_ratio)
+    if cfg.compression == "topk":
+        return TopK(cfg.topk_ratio)
+    return _CASTS[cfg.compression]
+
+
+def resolve(compression: Any) -> type[Compressor] | LossyCompression:
     """Accepts ours or Horovod's ``hvd.Compression.none`` / ``fp16``."""
+    if isinstance(compression, (PowerSGD, TopK)):
+        return compression
     if isinstance(compression, type) and issubclass(compression, Compressor):
         return compression
     name = getattr(compression, "__name__", type(compression).__name__)
@@ -59,4 +155,123 @@ def resolve(compression: Any) -> type[Compressor]:
     if name in by_horovod_name:
         return by_horovod_name[name]
     raise ValueError(f"compression={compression!r} is not supported: use Compression.none, "
-                     "Compression.fp16 or Compression.bf16")
+                     "Compression.fp16, Compression.bf16, Compression.powersgd(...) or "
+                     "Compression.topk(...)")
+
+
+def split(compression: type[Compressor] | LossyCompression
+          ) -> tuple[type[Compressor], LossyCompression | None]:
+    """(the cast the engine applies on the wire, the lossy compressor or None)."""
+    if isinstance(compression, (PowerSGD, TopK)):
+        return NoneCompressor, compression
+    return compression, None
+
+
+# -- the math (pure; the tests compare it with float64 references) --------------------------------
+
+def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
+    return int(shape[0]), math.prod(shape[1:])
+
+
+def initial_q(m: int, rank: int, seed: int, dtype: torch.dtype,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """The first Q: the same on every rank (a generator seeded by the tensor's index)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(m, rank, generator=generator, dtype=torch.float64).to(dtype=dtype,
+                                                                          device=device)
+
+
+def orthogonalise_(p: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns of `p`, in place, each projection done twice ("twice is
+    enough": one pass loses orthogonality when columns are nearly dependent).
+
+    Note [Dependent columns of P]
+    A gradient's rank can be below the factors' (a linear layer's gradient has at most the
+    batch's rank), so some columns of P = M Q lie in the span of the others. What is left of
+    such a column after the projections is rounding noise; normalised, it would add a spurious
+    direction and the approximation would no longer be a projection of M. A column that kept
+    less than sqrt(machine epsilon) of its norm is set to zero instead (so is a zero column:
+    no NaN). Deterministic: every rank gets the same bits from the same all-reduced P."""
+    tolerance = torch.finfo(p.dtype).eps ** 0.5
+    for i in range(p.shape[1]):
+        column = p[:, i]
+        before = column.norm()
+        for _ in range(2 if i else 0):
+            column -= p[:, :i] @ (p[:, :i].T @ column)
+        after = column.norm()
+        if after <= tolerance * before or after == 0:
+            column.zero_()
+        else:
+            column /= after
+    return p
+
+
+def powersgd_p(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return m @ q
+
+
+def powersgd_q(m: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
+    return m.T @ p_hat
+
+
+def powersgd_approx(p_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return p_hat @ q.T
+
+
+def warm_start_(q: torch.Tensor, new_q: torch.Tensor) -> torch.Tensor:
+    """The next step's Q, into `q`: this step's, except where a column of P was dropped (Note
+    [Dependent columns of P]): that column of Q is zero and would stay so; the old one is kept.
+    So is it where the new column is not finite (an overflowing step under AMP's loss scaler,
+    which skips that step): one bad step must not poison every later one."""
+    dropped = (new_q.abs().sum(dim=0) == 0) | ~torch.isfinite(new_q).all(dim=0)
+    return q.copy_(torch.where(dropped, q, new_q))
+
+
+def topk_select(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, int32 indices ascending) of the k entries of flat `m` largest in magnitude."""
+    flat = m.reshape(-1)
+    indices = torch.topk(flat.abs(), k, sorted=False).indices.sort().values
+    return flat[indices], indices.to(torch.int32)
+
+
+def topk_combine(numel: int, values: torch.Tensor, indices: torch.Tensor, scale: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Every rank's (values, indices), concatenated in rank order, summed into a dense tensor."""
+    out = torch.zeros(numel, dtype=dtype, device=values.device)
+    out.index_add_(0, indices.long(), values)
+    return out.mul_(scale)
+
+
+# -- single-process simulations of one compressed averaging step ---------------------------------
+
+def simulate_powersgd(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
+                      q: torch.Tensor, scale: float | None = None
+                      ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """One step over every rank's matrix gradient: (the approximation of the reduced gradient,
+    new residuals, the next warm-start Q). `scale` multiplies each sum (default: 1 / world,
+    Average; 1 for Sum). Sums in rank order, as the engine's collectives may not: compare to
+    tolerance."""
+    scale = 1.0 / len(grads) if scale is None else scale
+    ms = [g + e for g, e in zip(grads, residuals, strict=True)]
+    p = orthogonalise_(sum((powersgd_p(m, q) for m in ms), torch.zeros_like(ms[0] @ q)) * scale)
+    new_q = sum((powersgd_q(m, p) for m in ms), torch.zeros_like(q)) * scale
+    approx = powersgd_approx(p, new_q)
+    return approx, [m - approx for m in ms], warm_start_(q.clone(), new_q)
+
+
+def simulate_topk(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: int,
+                  scale: float | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One top-k step over every rank's gradient: (the reduced gradient, new residuals);
+    `scale` as for simulate_powersgd."""
+    scale = 1.0 / len(grads) if scale is None else scale
+    ms = [g + e for g, e in zip(grads, residuals, strict=True)]
+    picked = [topk_select(m, k) for m in ms]
+    values = torch.cat([v for v, _ in picked])
+    indices = torch.cat([i for _, i in picked])
+    average = topk_combine(ms[0].numel(), values, indices, scale, ms[0].dtype)
+    new_residuals = []
+    for m, (_, index) in zip(ms, picked, strict=True):
+        residual = m.clone().reshape(-1)
+        residual[index.long()] = 0
+        new_residuals.append(residual.reshape(m.shape))
+    return average.reshape(ms[0].shape), new_residuals

@@ -85,6 +85,7 @@ def _fmt(x: float) -> str:
 
 
 MiB = 1 << 20
+COMPRESSION_CHOICES = ("none", "fp16", "bf16", "powersgd", "topk")
 KNOBS: tuple[Knob, ...] = (
     Knob("policy", Kind.CHOICE, Policy.HOROVOD.value, "Scheduling policy.",
          choices=tuple(p.value for p in Policy)),
@@ -120,6 +121,19 @@ KNOBS: tuple[Knob, ...] = (
          "alpha/beta per collective) as JSON to this path (rank 0)."),
     Knob("timeline", Kind.PATH, "", "Chrome-trace JSON per rank (`{rank}` in the path is replaced, "
          "else `.rank<N>` is inserted before the extension)."),
+    Knob("compression", Kind.CHOICE, "none", "Gradient compression when "
+         "DistributedOptimizer's `compression=` is not given: a cast on the wire (`fp16`, `bf16`) "
+         "or a lossy compressor with error feedback (`powersgd`, `topk`; docs/compression.md).",
+         choices=COMPRESSION_CHOICES),
+    Knob("powersgd_rank", Kind.COUNT, 1, "`powersgd`: rank of the P/Q factors.", minimum=1,
+         maximum=1024),
+    Knob("powersgd_start_step", Kind.COUNT, 0, "`powersgd`: iterations exchanged uncompressed "
+         "before compression starts (a warm-up).", minimum=0, maximum=1 << 31),
+    Knob("powersgd_min_ratio", Kind.FLOAT, 2.0, "`powersgd`: a tensor is compressed only if its "
+         "factors are at least this many times smaller than it (1-D tensors never are).",
+         minimum=1, maximum=1 << 20),
+    Knob("topk_ratio", Kind.FLOAT, 0.01, "`topk`: share of each compressed tensor's entries sent "
+         "(the largest in magnitude).", minimum=0, exclusive_minimum=True, maximum=1),
 )
 KNOBS_BY_KEY = {k.key: k for k in KNOBS}
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -141,6 +155,11 @@ class Config:
     credit_bytes: int
     profile: str
     timeline: str
+    compression: str = "none"
+    powersgd_rank: int = 1
+    powersgd_start_step: int = 0
+    powersgd_min_ratio: float = 2.0
+    topk_ratio: float = 0.01
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .compression import Compression, resolve
+from .compression import from_config, resolve, split
 from .config import load_config
 from .ops import Average, ReduceOp, resolve_op
 from .params import resolve_groups, resolve_names
@@ -133,7 +133,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(  # Horovod's name: called like a class
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        compression: Any = Compression.none,
+        compression: Any = None,
         backward_passes_per_step: int = 1,
         op: Any = Average,
         gradient_predivide_factor: float = 1.0,
@@ -146,6 +146,7 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     """Wraps `optimizer` so that gradients are averaged across ranks by commsched's engine.
 
     Keyword arguments beyond Horovod's override any knob (see commsched.config.KNOBS).
+    ``compression`` defaults to what COMMSCHED_COMPRESSION names (``none`` unless set).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)!r}")
@@ -165,7 +166,9 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     torch.optim.Optimizer.__init__(wrapped, optimizer.param_groups, optimizer.defaults)
     wrapped.state = optimizer.state
     adopt_plain_attributes(wrapped, optimizer)
-    options = WrapOptions(resolve(compression), backward_passes_per_step, reduce_op,
-                          float(gradient_predivide_factor), group_of, sparse_as_dense, model)
+    cast, lossy = split(from_config(config) if compression is None else resolve(compression))
+    options = WrapOptions(cast, backward_passes_per_step, reduce_op,
+                          float(gradient_predivide_factor), group_of, sparse_as_dense, model,
+                          lossy)
     wrapped._cs_setup(Session(wrapped, optimizer.__class__, named, options, config))
     return wrapped

@@ -12,7 +12,9 @@ copies rank 0's state to the others while rank 0 does not load, so it must not s
 collective. When the entry changed this rank's plan or position, the cross-rank comparison of
 the restored plan runs before the next iteration's first collective (every rank that loaded the
 same entry decides alike, so every rank runs it).
-Only plain Python values are stored, so ``torch.load(..., weights_only=True)`` reads them.
+Only plain Python values and tensors are stored, so ``torch.load(..., weights_only=True)`` reads
+them. A lossy compressor's state (error-feedback residuals, PowerSGD's warm-start Q) is in the
+entry too (Note [Residuals are per rank, Q is shared], commsched/runtime/compressed.py).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def capture(session: Session) -> dict[str, Any] | None:
         "runner": None if runner is None else {"active": runner.active,
                                                "recording": runner.recording,
                                                "order": list(runner.modules.order)},
-        "auto": None}
+        "auto": None,
+        "compression": None if session.compressed is None else session.compressed.state()}
     if lifecycle.auto is not None:
         entry["auto"] = {f: _plain(getattr(lifecycle.auto, f)) for f in _AUTO_FIELDS}
     return entry
@@ -93,6 +96,14 @@ def validate(session: Session, entry: dict[str, Any]) -> Plan:
         raise ValueError(f"commsched: the checkpoint's plan ({plan.policy}) applies updates in "
                          "the next forward pass and needs DistributedOptimizer(..., model=model)"
                          f"{remedy}")
+    saved_compression = entry.get("compression")
+    if (saved_compression is None) != (session.compressed is None):
+        raise ValueError("commsched: the checkpoint was saved "
+                         + ("without" if saved_compression is None else "with")
+                         + " lossy compression and this optimizer runs "
+                         + ("with" if saved_compression is None else "without") + f" it{remedy}")
+    if session.compressed is not None and saved_compression is not None:
+        session.compressed.check_state(saved_compression)
     return plan
 
 
@@ -111,6 +122,11 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
         [plan.fingerprint, entry["iteration"], replan_at]
     lifecycle.restored(plan, replan_at, int(entry["credit_bytes"]), compare=changed)
     session.iteration = int(entry["iteration"])
+    if session.compressed is not None:
+        session.compressed.load(entry["compression"])
+        session.compressed.on = False  # as the saved run stood at this iteration
+        lifecycle.wire = None
+        session.compression_restored()
     saved_runner = entry["runner"]
     if session.runner is not None and saved_runner is not None:
         session.runner.restore(list(saved_runner["order"]), bool(saved_runner["active"]),

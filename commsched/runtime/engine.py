@@ -78,9 +78,11 @@ class EngineHandle:
         blocks = [_C.BlockSpec(
             block_id=block.block_id, op=int(block.op),
             wire_dtype=dtype_name(compressor.wire_dtype(getattr(torch, block.dtype))),
-            # A reduce-scatter carries the prescale; its all-gather the postscale.
+            # A reduce-scatter carries the prescale; its all-gather the postscale. A standalone
+            # all-gather (top-k's entries) concatenates: nothing to scale.
             prescale=1.0 if block.op is Collective.ALL_GATHER else prescale,
-            postscale=1.0 if block.op is Collective.REDUCE_SCATTER else postscale,
+            postscale=1.0 if block.op is Collective.REDUCE_SCATTER
+            or (block.op is Collective.ALL_GATHER and block.source is None) else postscale,
             pieces=[_C.PieceSpec(tensor_id=p.tensor_id, offset=p.offset, numel=p.numel)
                     for p in block.pieces],
             released_by_caller=block.stage is Stage.FORWARD,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..compression import Compressor
 from ..config import Config, Policy
 from ..plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
+from ..plan.compressed import WireLayout, compressed_plan
 from ..sim import FittedNetwork, profile_from_document
 from ..sim.overlap import with_update_groups
 from ..world import World, check_identical
@@ -61,6 +62,8 @@ class PlanLifecycle:
         self.replan_at: int | None = None  # the iteration after which the policy's plan is built
         self._restored = False
         self._last_end: float | None = None
+        # While a lossy compressor runs: its wire tensors, which every plan built carries.
+        self.wire: WireLayout | None = None
         self.set_credit(config.credit_bytes)
 
     @property
@@ -83,15 +86,39 @@ class PlanLifecycle:
         and that plan."""
         cfg = self._config
         if cfg.policy is Policy.DDP:
-            return 1, make_plan(cfg.policy, self._specs, Profile(), NetModel(), cfg)
+            return 1, self._policy_plan(Profile(), NetModel())
         if cfg.profile_steps > 0:
-            return cfg.profile_steps, make_profiling_plan(self._specs, Profile(), cfg.policy)
+            return cfg.profile_steps, self._profiling_plan(Profile())
         if cfg.policy is Policy.AUTO:
             raise ValueError("commsched: policy 'auto' chooses from a profile: "
                              "COMMSCHED_PROFILE_STEPS (profile_steps) must be > 0")
         # Nothing profiled yet: the profiler's default cost model with the configured overrides.
         net = self._engine.profiler.net_model(cfg.alpha, cfg.beta)
-        return None, make_plan(cfg.policy, self._specs, Profile(), net, cfg)
+        return None, self._policy_plan(Profile(), net)
+
+    def _policy_plan(self, profile: Profile, net: NetModel) -> Plan:
+        cfg = self._config
+        if self.wire is None:
+            return make_plan(cfg.policy, self._specs, profile, net, cfg)
+        return compressed_plan(lambda specs, prof: make_plan(cfg.policy, specs, prof, net, cfg),
+                               self._specs, self.wire, profile)
+
+    def _profiling_plan(self, profile: Profile) -> Plan:
+        policy = self._config.policy
+        if self.wire is None:
+            return make_profiling_plan(self._specs, profile, policy)
+        return compressed_plan(lambda specs, prof: make_profiling_plan(specs, prof, policy),
+                               self._specs, self.wire, profile)
+
+    def reinstall(self, iteration: int) -> None:
+        """Rebuilds the plan in place for the same stage of the run (profiling, or the policy's
+        plan from rank 0's profile) after `wire` changed (compression starting mid-run)."""
+        if iteration == self.replan_at:
+            return  # iteration_ended re-plans now anyway
+        if self.replan_at is not None and iteration < self.replan_at:
+            self.install(self._profiling_plan(Profile()))
+        else:
+            self.replan()
 
     # -- after each iteration ---------------------------------------------------------------
 
@@ -120,7 +147,7 @@ class PlanLifecycle:
         profile, net, document = self._world.broadcast_object(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
              self.profile_document() if overlap else None))
-        plan = make_plan(cfg.policy, self._specs, profile, net, cfg)
+        plan = self._policy_plan(profile, net)
         if document is not None:
             plan = with_update_groups(profile_from_document(document), plan,
                                       FittedNetwork.from_document(document))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import _C
-from ..compression import Compressor
+from ..compression import Compressor, LossyCompression
 from ..config import Config, Policy
 from ..ops import ReduceOp
 from ..outputs import prepare_file
@@ -31,6 +31,7 @@ from ..plan import Plan, TensorSpec, dtype_name
 from ..world import World, bootstrap, check_identical, parameter_signature, registry
 from ..world.errors import elastic
 from .clock import StepClock
+from .compressed import CompressedGradients, check_compression_allowed
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
@@ -57,6 +58,7 @@ class WrapOptions:
     group_of: dict[int, int]
     sparse_as_dense: bool
     model: Any
+    lossy: LossyCompression | None = None  # PowerSGD or top-k (commsched.runtime.compressed)
 
 
 def make_specs(named: Sequence[tuple[str, torch.Tensor]],
@@ -92,6 +94,10 @@ class Session:
                              "next forward pass, which an elastic Horovod job cannot restore "
                              "after losing a worker; use a synchronous policy (horovod, ddp, "
                              "mgwfbp, or auto, which then chooses among them)")
+        if self.elastic and options.lossy is not None:
+            raise ValueError("commsched: PowerSGD and top-k keep per-rank error-feedback state "
+                             "that an elastic Horovod job cannot re-form after losing a worker; "
+                             "use compression none, fp16 or bf16 there")
         self.iteration = 0
         self.passes = options.backward_passes_per_step
         self._base_cls = base_cls
@@ -108,11 +114,14 @@ class Session:
         self._gradients_started = False
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.runner: OverlapRunner | None = None
+        self.compressed: CompressedGradients | None = None
         self._bound = False  # whether engine, plan and world exist (see _bind)
         if not self.elastic:
             self._bind()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(tid))
-                       for tid, p in enumerate(self.params) if p.numel() > 0]
+        compressed_ids: set[int] = set() if self.compressed is None else set(self.compressed.ids)
+        self._hooks = [p.register_post_accumulate_grad_hook(
+            self._compressed_hook(tid) if tid in compressed_ids else self._gradient_hook(tid))
+            for tid, p in enumerate(self.params) if p.numel() > 0]
         self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, (_, p) in enumerate(self._routed)]
@@ -128,19 +137,28 @@ class Session:
             prepare_file(config.profile, "COMMSCHED_PROFILE")
         if config.timeline:
             prepare_file(timeline_path(config.timeline, self.world.rank), "COMMSCHED_TIMELINE")
+        self.compressed = None if options.lossy is None else CompressedGradients(
+            options.lossy, self.specs, self.params, self.world.size, self.world.rank)
+        wire = [] if self.compressed is None else self.compressed.wire_specs
         self._check_ranks_agree(self._routed)
+        if options.lossy is not None:  # before any group or engine exists (nothing to undo)
+            check_compression_allowed(config.policy, options.lossy)
         self.sparse = SparseExchange(self.world, self._routed, options.op, self.passes)
-        self.engine = EngineHandle(self.world, self.specs, config.timeout, config.timeline,
+        self.engine = EngineHandle(self.world, self.specs + wire, config.timeout, config.timeline,
                                    iteration=lambda: self.iteration)
         self._mark_ready = self.engine.mark_ready
         self.runner = self._make_runner(self._base_cls)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
+        self._lossy_scale = postscale / options.predivide  # the engine's pre- x post-scale
         self.lifecycle = PlanLifecycle(self.world, config, self.specs, self.engine, self.runner,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
         if self.elastic:  # a joining worker starts at 0: rank 0 holds the committed position
             self.iteration = int(self.world.broadcast_object(self.iteration))
+        if self.compressed is not None:
+            self.compressed.begin(self.engine)
+            self._compression_switch()
         self.lifecycle.start(self.iteration)
         self._bound = True
 
@@ -196,6 +214,7 @@ class Session:
         o = self.options
         settings = {**self.config.as_dict(), "timeline": None,
                     "compression": o.compression.__name__, "op": o.op.name,
+                    "lossy": None if o.lossy is None else repr(o.lossy),
                     "backward_passes_per_step": o.backward_passes_per_step,
                     "gradient_predivide_factor": o.predivide,
                     "groups": [s.group for s in self.specs],
@@ -263,6 +282,57 @@ class Session:
                 self._mark_ready(tensor_id, _dense_layout(param))
         return hook
 
+    def _compressed_hook(self, tensor_id: int):
+        """The gradient hook of a tensor that compression may carry: while compressing, the
+        gradient goes to the compressor (which hands its wire tensors to the engine)."""
+        plain = self._gradient_hook(tensor_id)
+        compressed = self.compressed
+        assert compressed is not None
+        index = compressed.ids.index(tensor_id)
+
+        def hook(param: torch.Tensor) -> None:
+            if not compressed.on:
+                plain(param)
+                return
+            if not self._gradients_started:
+                self._first_gradient()
+            remaining = self._delay[tensor_id]
+            if remaining <= 0:
+                raise AssertionError(TOO_MANY_BACKWARDS)
+            if param.grad is None:
+                return
+            if param.grad.is_sparse:
+                if not self.options.sparse_as_dense:
+                    raise unrouted_sparse_error(self.specs[tensor_id].name,
+                                                self.options.model is not None)
+                param.grad = param.grad.to_dense()
+            self._delay[tensor_id] = remaining - 1
+            self._handed += 1
+            if remaining == 1:
+                self._marked += 1
+                compressed.hand_over(index, _dense_layout(param))
+        return hook
+
+    def _compression_switch(self) -> None:
+        """Compression starts at its start_step: from then on the plans carry its wire tensors
+        (commsched.plan.compressed); the plan in place is rebuilt when it starts mid-run."""
+        compressed = self.compressed
+        if compressed is None or compressed.on \
+                or self.iteration < compressed.lossy.start_step:
+            return
+        compressed.on = True
+        self.lifecycle.wire = compressed.layout
+        if self.iteration > 0:
+            self.lifecycle.reinstall(self.iteration)
+
+    def compression_restored(self) -> None:
+        """After load_state_dict(): compressing or not as the saved run was at this iteration
+        (the restored plan already carries the wire tensors if it was)."""
+        compressed = self.compressed
+        if compressed is not None and self.iteration >= compressed.lossy.start_step:
+            compressed.on = True
+            self.lifecycle.wire = compressed.layout
+
     def _sparse_hook(self, index: int):
         def hook(param: torch.Tensor) -> None:
             # The gradient stays in p.grad until the exchange at synchronize()/step().
@@ -291,9 +361,13 @@ class Session:
     def _launch_rest(self) -> None:
         """Marks every gradient not produced on this rank as ready, as zeros (Horovod's rule:
         another rank may have computed it)."""
+        if self.compressed is not None and self.compressed.on:
+            self.compressed.launch_rest()
         if self._marked == self._hooked:
             return  # every hooked gradient is with the engine (zero-size ones are in no block)
         for tensor_id in self.engine.not_ready():
+            if tensor_id >= len(self.params):
+                continue  # a compressor's wire tensor: released by the compressor
             param = self.params[tensor_id]
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -312,8 +386,19 @@ class Session:
     def _reduce(self) -> None:
         self.lifecycle.settle(self.iteration)
         self._launch_rest()
+        compressed = self.compressed if self.compressed is not None and self.compressed.on \
+            else None
+        if compressed is not None:
+            started = _C.now_us()
+            compressed.release_late(self.plan)
+            self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
         self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         self.engine.wait()
+        if compressed is not None:
+            started = _C.now_us()
+            compressed.finish(self._lossy_scale)
+            self.engine.span("decompress", started)
+            self.engine.profiler.note("compression_s", compressed.take_busy_s())
         self._end_iteration()
 
     def step_deferred(self) -> None:
@@ -358,6 +443,8 @@ class Session:
         self._gradients_started = False
         self.iteration += 1
         self.engine.mark(f"iteration {self.iteration}")
+        if self.compressed is not None:
+            self._compression_switch()
         self.lifecycle.iteration_ended(self.iteration)
 
     def flush(self) -> None:

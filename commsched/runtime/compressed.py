@@ -1,0 +1,308 @@
+"""Lossy gradient compression at run time: PowerSGD and top-k with error feedback, their wire
+tensors handed to the engine as blocks of the plan (Note [Compressed tensors are blocks of the
+plan], commsched/plan/compressed.py).
+
+What happens to one compressed gradient (read top to bottom):
+    backward:      the hook hands the gradient here instead of to the engine: M = g + e (the
+                   residual e holds M from now on); PowerSGD: P = M Q, P marked ready (its
+                   block is reduced with the gradients); top-k: its k largest entries go to
+                   this rank's slice of the values/indices wire tensors, e loses them, and the
+                   last compressed gradient marks those tensors ready
+    synchronize(): `release_late`: PowerSGD: per Q in plan order, wait for P's block,
+                   orthogonalise P, Q = M^T P, mark Q ready; the engine reduces the Qs
+                   `finish`: p.grad = P Q^T (PowerSGD; e = M - P Q^T, Q kept as the next
+                   warm start) or the sum of every rank's entries (top-k), both scaled as the
+                   engine scales an all-reduce (Average, gradient_predivide_factor)
+
+Note [Residuals are per rank, Q is shared]
+The residual of error feedback is this rank's own (what its compressed message left out); Q
+after its all-reduce is the same on every rank. Both are in the wrapped optimizer's
+state_dict(): saved and loaded per rank, a resumed run continues bit for bit. Copied from
+rank 0 by broadcast_optimizer_state, every rank gets rank 0's residuals: training goes on
+correctly (identical parameters everywhere), only not bit-identically to the run saved.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..compression import (
+    LossyCompression,
+    PowerSGD,
+    TopK,
+    initial_q,
+    matrix_shape,
+    orthogonalise_,
+    powersgd_approx,
+    topk_combine,
+    topk_select,
+    warm_start_,
+)
+from ..config import Policy
+from ..plan import Plan, TensorSpec, dtype_name
+from ..plan.compressed import WireLayout
+from .engine import EngineHandle
+
+STATE_VERSION = 1
+
+# Note [Which policies compress]
+# The synchronous policies run compressed plans. The overlap policies apply each group's update
+# in the next forward pass from gradients the engine is still writing, and DeAR splits blocks
+# into a reduce-scatter and a forward all-gather; a compressed gradient exists only after the
+# second round (Q) and the decompression on the training thread, which their runner does not
+# schedule yet. `auto` would have to weigh compressed candidates it cannot yet simulate. Rather
+# than be silently wrong, those combinations are refused at wrap time.
+COMPRESSING_POLICIES = (Policy.HOROVOD, Policy.DDP, Policy.MGWFBP)
+
+
+def check_compression_allowed(policy: Policy, lossy: LossyCompression) -> None:
+    if policy not in COMPRESSING_POLICIES:
+        raise ValueError(f"commsched: compression {lossy.label} is not supported with policy "
+                         f"'{policy.value}' yet: use one of "
+                         + ", ".join(p.value for p in COMPRESSING_POLICIES)
+                         + " (docs/compression.md)")
+
+
+def eligible(spec: TensorSpec, param: torch.Tensor, lossy: LossyCompression) -> bool:
+    """Horovod `groups` members stay uncompressed: a group is reduced in one block, which a
+    tensor split into factors cannot be part of."""
+    return spec.group is None and param.dtype.is_floating_point and lossy.compresses(param.shape)
+
+
+class CompressedGradients:
+    """The compressed gradients of one wrapped optimizer, their state and wire tensors."""
+
+    def __init__(self, lossy: LossyCompression, specs: Sequence[TensorSpec],
+                 params: Sequence[torch.Tensor], world_size: int, rank: int) -> None:
+        self.lossy = lossy
+        self.ids = [s.tensor_id for s, p in zip(specs, params, strict=True)
+                    if eligible(s, p, lossy)]
+        self.params = [params[t] for t in self.ids]
+        self.names = [specs[t].name for t in self.ids]
+        self.on = False  # compressing this iteration (iteration >= start_step)
+        self._world, self._rank = world_size, rank
+        self._next_id = len(specs)
+        self._wire: list[TensorSpec] = []
+        self.residuals = [torch.zeros(_shape2(p), dtype=p.dtype, device=p.device)
+                          for p in self.params]
+        self._handed: list[bool] = [False] * len(self.ids)
+        self._pending = 0
+        self.layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
+            else self._topk_layout()
+        self._positions: tuple[int, list[int], list[int]] | None = None  # per installed plan
+        # Training-thread seconds this iteration spent compressing and decompressing (waits
+        # for the engine excluded): the profile's compute.compression_s.
+        self.busy_s = 0.0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def wire_specs(self) -> list[TensorSpec]:
+        return list(self._wire)
+
+    def _add_wire(self, name: str, numel: int, dtype: torch.dtype,
+                  forward_index: int | None = None) -> TensorSpec:
+        """A wire tensor's spec; `forward_index` (its priority for the planners) is that of
+        the gradient it carries, else it comes after every gradient."""
+        spec = TensorSpec(self._next_id, name, numel, dtype_name(dtype),
+                          torch.empty(0, dtype=dtype).element_size(),
+                          forward_index=self._next_id if forward_index is None else forward_index)
+        self._next_id += 1
+        self._wire.append(spec)
+        return spec
+
+    # -- layouts -----------------------------------------------------------------------------
+
+    def _powersgd_layout(self) -> WireLayout:
+        assert isinstance(self.lossy, PowerSGD)
+        lossy = self.lossy
+        self.q = [initial_q(matrix_shape(p.shape)[1], lossy.rank_for(p.shape), seed=i,
+                            dtype=p.dtype, device=p.device)
+                  for i, p in enumerate(self.params)]
+        self.p_wire = [torch.empty(matrix_shape(p.shape)[0], lossy.rank_for(p.shape),
+                                   dtype=p.dtype, device=p.device) for p in self.params]
+        self.q_wire = [torch.empty_like(q) for q in self.q]
+        p_specs = [self._add_wire(f"{n}/powersgd.P", t.numel(), t.dtype, tid)
+                   for n, t, tid in zip(self.names, self.p_wire, self.ids, strict=True)]
+        q_specs = [self._add_wire(f"{n}/powersgd.Q", t.numel(), t.dtype, tid)
+                   for n, t, tid in zip(self.names, self.q_wire, self.ids, strict=True)]
+        self.p_ids = [s.tensor_id for s in p_specs]
+        self.q_ids = [s.tensor_id for s in q_specs]
+        source = {s.tensor_id: self.ids[i] for i, s in enumerate(p_specs)}
+        return WireLayout(self.lossy.label, frozenset(self.ids), early=tuple(p_specs),
+                          late=tuple(q_specs), source=source)
+
+    def _topk_layout(self) -> WireLayout:
+        """One values and one indices tensor per dtype, world x (sum of k) long: rank r's
+        entries are its r-th slice (the engine's standalone all-gather)."""
+        assert isinstance(self.lossy, TopK)
+        self.k = [self.lossy.k(p.numel()) for p in self.params]
+        self.offset: list[int] = []
+        totals: dict[torch.dtype, int] = {}
+        for p, k in zip(self.params, self.k, strict=True):
+            self.offset.append(totals.get(p.dtype, 0))
+            totals[p.dtype] = totals.get(p.dtype, 0) + k
+        self.total = totals
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.values = {d: torch.zeros(self._world * n, dtype=d, device=device)
+                       for d, n in totals.items()}
+        self.indices = {d: torch.zeros(self._world * n, dtype=torch.int32, device=device)
+                        for d, n in totals.items()}
+        gathered = []
+        self.gathered_ids: list[tuple[int, torch.Tensor]] = []
+        for d in totals:
+            for what, tensor in (("values", self.values[d]), ("indices", self.indices[d])):
+                spec = self._add_wire(f"topk.{what}.{dtype_name(d)}", tensor.numel(), tensor.dtype)
+                gathered.append(spec)
+                self.gathered_ids.append((spec.tensor_id, tensor))
+        return WireLayout(self.lossy.label, frozenset(self.ids), gathered=tuple(gathered))
+
+    # -- backward ----------------------------------------------------------------------------
+
+    def begin(self, engine: EngineHandle) -> None:
+        self._engine = engine
+
+    def hand_over(self, index: int, grad: torch.Tensor) -> None:
+        """The gradient of compressed tensor `index` (position in `ids`), on its last pass."""
+        started = time.perf_counter()
+        try:
+            self._hand_over(index, grad)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    def _hand_over(self, index: int, grad: torch.Tensor) -> None:
+        residual = self.residuals[index]
+        residual += grad.view(residual.shape)  # residual now holds M = g + e
+        self._handed[index] = True
+        if isinstance(self.lossy, PowerSGD):
+            torch.matmul(residual, self.q[index], out=self.p_wire[index])
+            self._engine.mark_ready(self.p_ids[index], self.p_wire[index])
+            return
+        self._select(index, residual)
+        self._pending += 1
+        if self._pending == len(self.ids):
+            for tensor_id, tensor in self.gathered_ids:
+                self._engine.mark_ready(tensor_id, tensor)
+
+    def _select(self, index: int, m: torch.Tensor) -> None:
+        p = self.params[index]
+        start = self._rank * self.total[p.dtype] + self.offset[index]
+        values, indices = topk_select(m, self.k[index])
+        self.values[p.dtype][start:start + self.k[index]] = values
+        self.indices[p.dtype][start:start + self.k[index]] = indices
+        m.view(-1)[indices.long()] = 0  # what was sent leaves the residual
+
+    def launch_rest(self) -> None:
+        """Gradients not produced on this rank count as zeros (Horovod's rule)."""
+        for index, handed in enumerate(self._handed):
+            if handed:
+                continue
+            param = self.params[index]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            elif param.grad.is_sparse:
+                param.grad = param.grad.to_dense()
+            self.hand_over(index, param.grad.contiguous())
+
+    # -- synchronize ------------------------------------------------------------------------
+
+    def _plan_positions(self, plan: Plan) -> tuple[list[int], list[int]]:
+        """(position of each P's block, the Q indices in the order of their blocks)."""
+        position = {p.tensor_id: i for i, b in enumerate(plan.blocks) for p in b.pieces}
+        p_pos = [position[t] for t in self.p_ids]
+        q_order = sorted(range(len(self.ids)), key=lambda i: (position[self.q_ids[i]], i))
+        return p_pos, q_order
+
+    def release_late(self, plan: Plan) -> None:
+        """PowerSGD's second round: each Q, in plan order, once its P was reduced."""
+        if not isinstance(self.lossy, PowerSGD) or not self.ids:
+            return
+        if self._positions is None or self._positions[0] != id(plan):
+            self._positions = (id(plan), *self._plan_positions(plan))
+        _, p_pos, q_order = self._positions
+        started, waited_before = time.perf_counter(), self._engine.waited_s
+        waited = -1
+        for index in q_order:
+            if p_pos[index] > waited:
+                waited = p_pos[index]
+                self._engine.wait_block(waited)
+            p_hat = orthogonalise_(self.p_wire[index])
+            torch.matmul(self.residuals[index].T, p_hat, out=self.q_wire[index])
+            self._engine.mark_ready(self.q_ids[index], self.q_wire[index])
+        self.busy_s += time.perf_counter() - started - (self._engine.waited_s - waited_before)
+
+    def finish(self, scale: float) -> None:
+        """After every block completed: the gradients from the exchanged messages; `scale` is
+        the product of the engine's pre- and post-scale (top-k sums them itself)."""
+        started = time.perf_counter()
+        if isinstance(self.lossy, PowerSGD):
+            for index, param in enumerate(self.params):
+                approx = powersgd_approx(self.p_wire[index], self.q_wire[index])
+                self.residuals[index] -= approx
+                _finite_(self.residuals[index])
+                warm_start_(self.q[index], self.q_wire[index])
+                _set_grad(param, approx)
+        else:
+            for index, param in enumerate(self.params):
+                _set_grad(param, self._combined(index, scale))
+                _finite_(self.residuals[index])
+        self._handed = [False] * len(self.ids)
+        self._pending = 0
+        self.busy_s += time.perf_counter() - started
+
+    def take_busy_s(self) -> float:
+        busy, self.busy_s = self.busy_s, 0.0
+        return busy
+
+    def _combined(self, index: int, scale: float) -> torch.Tensor:
+        p, k = self.params[index], self.k[index]
+        total, offset = self.total[p.dtype], self.offset[index]
+        values = torch.cat([self.values[p.dtype][r * total + offset:r * total + offset + k]
+                            for r in range(self._world)])
+        indices = torch.cat([self.indices[p.dtype][r * total + offset:r * total + offset + k]
+                             for r in range(self._world)])
+        return topk_combine(p.numel(), values, indices, scale, p.dtype)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "label": self.lossy.label, "names": list(self.names),
+                "residuals": [e.clone() for e in self.residuals],
+                "q": [q.clone() for q in getattr(self, "q", [])]}
+
+    def check_state(self, saved: dict[str, Any]) -> None:
+        if saved.get("version") != STATE_VERSION or saved.get("label") != self.lossy.label \
+                or list(saved.get("names", [])) != self.names:
+            raise ValueError(f"commsched: the checkpoint's compression state "
+                             f"({saved.get('label')!r} over {len(saved.get('names', []))} "
+                             f"tensors) does not fit this optimizer's ({self.lossy.label!r} "
+                             f"over {len(self.names)} tensors)")
+
+    def load(self, saved: dict[str, Any]) -> None:
+        self.check_state(saved)
+        for mine, theirs in zip(self.residuals, saved["residuals"], strict=True):
+            mine.copy_(theirs)
+        for mine, theirs in zip(getattr(self, "q", []), saved["q"], strict=True):
+            mine.copy_(theirs)
+
+
+def _finite_(residual: torch.Tensor) -> None:
+    """An overflowing step (AMP's loss scaler skips it) leaves inf or NaN in M: the gradient
+    keeps them, so that the scaler sees the overflow, but the residual drops them, or every
+    later step would inherit them. In place, with no synchronisation with the device."""
+    residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _shape2(p: torch.Tensor) -> tuple[int, ...]:
+    return matrix_shape(p.shape) if p.dim() >= 2 else tuple(p.shape)
+
+
+def _set_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    grad = param.grad
+    assert grad is not None
+    grad.view(value.shape).copy_(value)
