@@ -39,6 +39,11 @@ class EngineHandle:
     # What its tensors are, in the heartbeats and the failure diagnosis (K-FAC's exchanges name
     # theirs): a wrapped optimizer's engine carries gradients.
     label = "gradients"
+    # Test-only, never a user knob: a world of one gets a process group of its own (of the
+    # initialised default group's backend) instead of the local engine without threads, so that
+    # tests/gpu can drive the process-group transport with an NCCL group of one (NCCL refuses two
+    # ranks on one GPU). Needs torch.distributed initialised by the test.
+    process_group_at_size_one = False
 
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
@@ -58,6 +63,8 @@ class EngineHandle:
         self.waited_s = 0.0  # the training thread's total time blocked in engine waits
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
+        if self._group is None and self.process_group_at_size_one:
+            self._group = dist.new_group(ranks=[0], backend=dist.get_backend())
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
         # Called once per gradient: the extension's own method, no Python frame in between.
         self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
@@ -123,7 +130,8 @@ class EngineHandle:
         self.span("wait", started, what="all blocks")
         if self.rounds % self.sample_every == 0:
             engine = self._engine
-            self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops)
+            self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops,
+                                 engine.last_clocks())
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
 
