@@ -57,8 +57,9 @@ class TimingEvent(Protocol):
 # clock) or "device_event" (events on the device's streams, Note [Device time] in
 # csrc/device_clock.cpp). For device tensors, ready times and collective durations come from the
 # engine's events and update costs from CUDA events around the optimizer call (UpdateTimer);
-# the compute figures (before_first_ready_s, step_s) are CPU stretches of the training thread
-# that contain no wait for the device and stay "cpu" everywhere.
+# the compute figures (before_first_ready_s, step_s) and module forward times are stretches of
+# the training thread on the host's clock (on a device, the host's share: the enqueueing of the
+# work) and say "cpu" everywhere.
 CPU = "cpu"
 DEVICE_EVENT = "device_event"
 
@@ -96,8 +97,8 @@ class Profiler:
     update_samples: list[tuple[int, float]] = field(default_factory=list)
     # Figure kind -> clock (Note [Which clock]); a kind appears once a figure of it was recorded.
     clocks: dict[str, str] = field(default_factory=dict)
-    # (bytes, start, end) of optimizer calls timed with device events that may not have been
-    # reached yet; read into update_samples once they have (Note [Device time]).
+    # (bytes, events) of optimizer calls timed on the device that it may not have reached yet;
+    # read into update_samples once it has (Note [Which clock]).
     _pending_updates: list[tuple[int, EventSpan]] = field(default_factory=list)
 
     @property
