@@ -68,7 +68,7 @@ class EngineHandle:
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
         # Called once per gradient: the extension's own method, no Python frame in between.
         self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
-        self.profiler = Profiler(len(specs))
+        self.profiler = Profiler(len(specs), timeout_s=timeout)
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)

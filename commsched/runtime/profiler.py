@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,8 +48,6 @@ class TimingEvent(Protocol):
 
     def query(self) -> bool: ...
 
-    def synchronize(self) -> None: ...
-
     def elapsed_time(self, end_event: Any) -> float: ...
 
 
@@ -86,6 +85,8 @@ class Profiler:
     """Collects one record per finished iteration."""
 
     num_tensors: int
+    # How long reading device-timed figures may wait for the device (the engine's timeout).
+    timeout_s: float = 300.0
     ready_samples: list[list[float]] = field(default_factory=list)
     samples_by_op: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     # Compute the simulator needs besides ready times, in seconds: "before_first_ready_s" (from
@@ -146,14 +147,23 @@ class Profiler:
 
     def _read_updates(self, wait: bool) -> None:
         """Moves the pending event pairs the device has passed (all of them when `wait`: then
-        this blocks until the device reaches the last) into update_samples, in call order."""
+        this waits, at most timeout_s, until the device reaches the last) into update_samples,
+        in call order."""
         pending = self._pending_updates
+        deadline = time.monotonic() + self.timeout_s
+        pause = 1e-5  # growing sleeps, as Note [Waiting for device work] in the engine
         while pending:
             nbytes, span = pending[0]
-            if wait:
-                span.end.synchronize()
-            elif not span.end.query():
-                return
+            if not span.end.query():
+                if not wait:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"commsched: timed out after {self.timeout_s:g} s (COMMSCHED_TIMEOUT) "
+                        "waiting for the device to finish a timed optimizer call")
+                time.sleep(pause)
+                pause = min(2 * pause, 2.5e-4)
+                continue
             pending.pop(0)
             self._add_update(nbytes, span.start.elapsed_time(span.end) / 1e3)
 

@@ -37,17 +37,16 @@ def test_profile_is_median_ready_time_of_the_latest_half() -> None:
 
 
 class _FakeEvent:
-    """Stands in for torch.cuda.Event (no device here): reached once `reached` is set; its
-    time is `at_ms`."""
+    """Stands in for torch.cuda.Event (no device here): reached once `reached` is set, or
+    after `after` more queries; its time is `at_ms`."""
 
-    def __init__(self, at_ms: float) -> None:
-        self.at_ms, self.reached, self.waited = at_ms, False, False
+    def __init__(self, at_ms: float, after: int = -1) -> None:
+        self.at_ms, self.reached, self.after, self.queries = at_ms, False, after, 0
 
     def query(self) -> bool:
+        self.queries += 1
+        self.reached = self.reached or 0 <= self.after < self.queries
         return self.reached
-
-    def synchronize(self) -> None:
-        self.waited = self.reached = True
 
     def elapsed_time(self, end_event: _FakeEvent) -> float:
         assert self.reached and end_event.reached
@@ -73,7 +72,7 @@ def test_figures_say_which_clock_they_came_from() -> None:
 def test_device_timed_updates_are_read_once_the_device_passed_them() -> None:
     prof = Profiler(num_tensors=1)
     first = EventSpan(_FakeEvent(0.0), _FakeEvent(2.0))
-    second = EventSpan(_FakeEvent(5.0), _FakeEvent(9.0))
+    second = EventSpan(_FakeEvent(5.0), _FakeEvent(9.0, after=3))
     for span in (first, second):
         span.start.reached = True  # type: ignore[attr-defined]
     prof.note_update(1000, first)
@@ -82,7 +81,17 @@ def test_device_timed_updates_are_read_once_the_device_passed_them() -> None:
     prof.note_update(3000, second)  # reads the first, which the device has passed, not yet this
     assert prof.update_samples == [(1000, pytest.approx(2e-3))]
     cost = prof.update_cost()  # waits for the rest: both sizes, a fit
-    assert second.end.waited  # type: ignore[attr-defined]
+    assert second.end.queries == 4  # type: ignore[attr-defined]
     assert prof.update_samples == [(1000, pytest.approx(2e-3)), (3000, pytest.approx(4e-3))]
     assert cost is not None
     assert (cost.alpha, cost.beta) == (pytest.approx(1e-3), pytest.approx(1e-6))
+
+
+def test_waiting_for_a_device_timed_update_has_a_timeout() -> None:
+    prof = Profiler(num_tensors=1, timeout_s=0.05)
+    start, never = _FakeEvent(0.0), _FakeEvent(1.0)
+    start.reached = True
+    prof.note_update(10, EventSpan(start, never))
+    prof.note_update(20, 1e-3)
+    with pytest.raises(TimeoutError, match=r"timed out after 0.05 s \(COMMSCHED_TIMEOUT\)"):
+        prof.update_cost()
