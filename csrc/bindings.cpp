@@ -96,6 +96,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait_block", &Engine::wait_block, py::call_guard<py::gil_scoped_release>())
       .def("release", &Engine::release)
       .def("set_credit", &Engine::set_credit)
+      .def("set_local_ready_events", &Engine::set_local_ready_events)
       .def("last_ready_us", &Engine::last_ready_us, py::call_guard<py::gil_scoped_release>())
       .def("last_block_timings",
            [](Engine& self) {

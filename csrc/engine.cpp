@@ -114,7 +114,7 @@ void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
   const int64_t ts = now_us();
   // Other streams read the gradient after this event, and ready times on a device come from it
   // (Note [Device time]); null on CPU.
-  auto event = DeviceSync::record_ready(grad);
+  auto event = local_ && !local_ready_events_ ? nullptr : DeviceSync::record_ready(grad);
   std::vector<int64_t> now_ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -147,7 +147,9 @@ void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
 // a local engine starts no threads, packs nothing and launches nothing: a block completes in
 // the caller's thread as soon as it is ready and every block before it has completed (plan
 // order still holds), with its timings recorded for the profiler. What is left of the engine's
-// cost is the bookkeeping of mark_ready. local_mu_ serialises callers: one drains what another
+// cost is the bookkeeping of mark_ready, and for device gradients a timing event each, which
+// only the profiler reads: Python turns them on for the iterations it samples only
+// (set_local_ready_events). local_mu_ serialises callers: one drains what another
 // made ready, so no ready block is left behind in the queue.
 void Engine::complete_local() {
   std::lock_guard<std::mutex> drain(local_mu_);

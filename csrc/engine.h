@@ -72,6 +72,9 @@ class Engine {
   void release(int64_t position);
   // Most bytes in flight at once (0: no limit); one block is always allowed.
   void set_credit(int64_t bytes);
+  // Whether a world of one records ready events for device gradients in the coming iterations
+  // (Note [A world of one]); other engines always do, their comm stream waits on them.
+  void set_local_ready_events(bool on) { local_ready_events_ = on; }
   // The last finished iteration's figures. For device tensors they are read from events here,
   // waiting (at most the engine's timeout) for any the device has not reached yet.
   std::vector<int64_t> last_ready_us();
@@ -128,6 +131,7 @@ class Engine {
   std::shared_ptr<Transport> transport_;
   int64_t world_size_ = 1;
   bool local_ = false;  // a world of one: no threads, no transport work (Note [A world of one])
+  std::atomic<bool> local_ready_events_{true};
   std::mutex local_mu_;
   std::vector<std::string> tensor_names_;
   int64_t timeout_ms_;

@@ -55,7 +55,7 @@ class EngineHandle:
         # Every how many rounds the profiler records one: every round while a plan is being
         # profiled, then a sample now and then is enough (auto's late re-check reads the
         # latest ones), which keeps the per-iteration Python small.
-        self.sample_every = 1
+        self._sample_every = 1
         self._ops: list[str] = []
         self._iteration = iteration or (lambda: self.rounds)
         self._world = world
@@ -73,6 +73,20 @@ class EngineHandle:
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)
         registry.register(self)
+
+    @property
+    def sample_every(self) -> int:
+        return self._sample_every
+
+    @sample_every.setter
+    def sample_every(self, every: int) -> None:
+        self._sample_every = every
+        self._arm_ready_events()
+
+    def _arm_ready_events(self) -> None:
+        """A world of one records device ready events only for the rounds the profiler samples
+        (nothing else reads them; Note [A world of one] in csrc/engine.cpp)."""
+        self._engine.set_local_ready_events((self.rounds + 1) % self._sample_every == 0)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
@@ -128,10 +142,12 @@ class EngineHandle:
         self._guarded(self._engine.wait_all, self.timeout_ms)
         self.rounds += 1
         self.span("wait", started, what="all blocks")
-        if self.rounds % self.sample_every == 0:
+        if self.rounds % self._sample_every == 0:
             engine = self._engine
             self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops,
                                  engine.last_clocks())
+        if self._sample_every > 1:
+            self._arm_ready_events()
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
 
