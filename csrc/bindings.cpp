@@ -113,22 +113,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait_block", &Engine::wait_block, py::call_guard<py::gil_scoped_release>())
       .def("release", &Engine::release)
       .def("set_credit", &Engine::set_credit)
-      .def("last_ready_us", &Engine::last_ready_us)
+      .def("set_local_ready_events", &Engine::set_local_ready_events)
+      .def("last_ready_us", &Engine::last_ready_us, py::call_guard<py::gil_scoped_release>())
       .def("last_block_timings",
            [](Engine& self) {
+             std::vector<commsched::BlockTiming> timings;
+             {
+               py::gil_scoped_release release;  // may wait for device events
+               timings = self.last_block_timings();
+             }
              py::list out;
-             for (const auto& t : self.last_block_timings())
+             for (const auto& t : timings)
                out.append(py::make_tuple(t.block_id, t.bytes, t.ready_us, t.launch_us, t.done_us,
                                          t.service_us));
              return out;
            })
+      .def("last_clocks",
+           [](Engine& self) {
+             const auto clocks = self.last_clocks();
+             py::dict out;
+             out["ready"] = commsched::clock_name(clocks.ready);
+             out["collective"] = commsched::clock_name(clocks.collective);
+             return out;
+           },
+           "Which clock the last iteration's figures came from: 'cpu' or 'device_event'")
       .def("set_timeline", [](Engine& self, bool on) { self.timeline().set_enabled(on); })
       .def("drain_events",
            [](Engine& self) {
              py::list out;
              for (const auto& e : self.timeline().drain())
                out.append(py::make_tuple(e.name, std::string(1, e.phase), e.ts_us, e.dur_us,
-                                         e.lane, e.block_id, e.bytes, e.op));
+                                         e.lane, e.block_id, e.bytes, e.op, e.clock));
              return out;
            })
       .def_property_readonly("world_size", &Engine::world_size)

@@ -9,12 +9,17 @@ namespace commsched {
 
 namespace {
 bool is_stream_device(const c10::Device& device) { return device.type() != c10::kCPU; }
+
+// With timing enabled, so that durations can be read off them (Note [Device time]).
+std::shared_ptr<c10::Event> timed_event(c10::DeviceType type) {
+  return std::make_shared<c10::Event>(type, c10::EventFlag::BACKEND_DEFAULT);
+}
 }  // namespace
 
 std::shared_ptr<c10::Event> DeviceSync::record_ready(const at::Tensor& tensor) {
   if (!is_stream_device(tensor.device())) return nullptr;
   c10::impl::VirtualGuardImpl impl(tensor.device().type());
-  auto event = std::make_shared<c10::Event>(tensor.device().type());
+  auto event = timed_event(tensor.device().type());
   event->record(impl.getStream(tensor.device()));
   return event;
 }
@@ -45,7 +50,7 @@ void DeviceSync::record_stream(const at::Tensor& tensor, const c10::Stream& stre
 
 std::shared_ptr<c10::Event> DeviceSync::record_on(const std::optional<c10::Stream>& stream) {
   if (!stream) return nullptr;
-  auto event = std::make_shared<c10::Event>(stream->device_type());
+  auto event = timed_event(stream->device_type());
   event->record(*stream);
   return event;
 }

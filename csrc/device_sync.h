@@ -1,6 +1,6 @@
 // Stream/event ordering for accelerator tensors, written against c10's device-generic
 // interfaces so the same code serves CUDA (and any other stream device) and compiles everywhere.
-// On CPU every call is a no-op.
+// On CPU every call is a no-op. Events are recorded with timing enabled (Note [Device time]).
 #pragma once
 
 #include <ATen/ATen.h>

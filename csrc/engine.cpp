@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include "completion_wait.h"
 #include "fusion_buffer.h"
 
 #include <c10/core/StreamGuard.h>
@@ -98,6 +99,8 @@ void Engine::reset_iteration_locked() {
   std::fill(ready_events_.begin(), ready_events_.end(), nullptr);
   std::fill(ready_us_.begin(), ready_us_.end(), -1);
   done_events_.assign(plan_.size(), nullptr);
+  block_events_.assign(plan_.size(), BlockEvents{});
+  clock_.reset();
   launched_.assign(plan_.size(), false);
   timings_.assign(plan_.size(), BlockTiming{0, 0, -1, -1, -1, 0});
   next_launch_ = 0;
@@ -109,6 +112,9 @@ void Engine::reset_iteration_locked() {
 
 void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
   const int64_t ts = now_us();
+  // Other streams read the gradient after this event, and ready times on a device come from it
+  // (Note [Device time]); null on CPU.
+  auto event = local_ && !local_ready_events_ ? nullptr : DeviceSync::record_ready(grad);
   std::vector<int64_t> now_ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -118,12 +124,13 @@ void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
     TORCH_CHECK(ready_us_[tensor_id] < 0, "commsched: gradient of '", tensor_names_[tensor_id],
                 "' was marked ready twice in one iteration");
     grads_[tensor_id] = grad;
-    // Nothing reads the gradient on another stream in a world of one.
-    if (!local_) ready_events_[tensor_id] = DeviceSync::record_ready(grad);
+    ready_events_[tensor_id] = event;
+    clock_.anchor(event, ts);
     ready_us_[tensor_id] = ts;
     for (auto pos : tensor_blocks_[tensor_id]) {
       if (--block_pending_[pos] == 0) {
         timings_[pos].ready_us = ts;
+        block_events_[pos].ready = event;
         now_ready.push_back(pos);
       }
     }
@@ -140,7 +147,9 @@ void Engine::mark_ready(int64_t tensor_id, const at::Tensor& grad) {
 // a local engine starts no threads, packs nothing and launches nothing: a block completes in
 // the caller's thread as soon as it is ready and every block before it has completed (plan
 // order still holds), with its timings recorded for the profiler. What is left of the engine's
-// cost is the bookkeeping of mark_ready. local_mu_ serialises callers: one drains what another
+// cost is the bookkeeping of mark_ready, and for device gradients a timing event each, which
+// only the profiler reads: Python turns them on for the iterations it samples only
+// (set_local_ready_events). local_mu_ serialises callers: one drains what another
 // made ready, so no ready block is left behind in the queue.
 void Engine::complete_local() {
   std::lock_guard<std::mutex> drain(local_mu_);
@@ -213,6 +222,7 @@ void Engine::launch(int64_t position) {
     for (const auto& event : events) DeviceSync::stream_wait(*stream, event);
     for (const auto& piece : block->pieces) DeviceSync::record_stream(grads[piece.tensor_id], *stream);
   }
+  auto pack_event = DeviceSync::record_on(stream);
   const int64_t world = transport_->world_size();
   at::Tensor input, output;
   switch (block->op) {
@@ -245,9 +255,11 @@ void Engine::launch(int64_t position) {
   if (input.data_ptr() != grads[block->pieces[0].tensor_id].data_ptr())
     packed_bytes_ += input.numel() * static_cast<int64_t>(input.element_size());
   const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
-  if (timeline_.enabled())
+  // On a device the host times above are only the enqueueing: complete() adds the device's spans.
+  if (timeline_.enabled() && !stream)
     timeline_.span("pack", 1, start, packed, block->block_id, bytes, collective_name(block->op));
   acquire_credit(bytes);
+  auto start_event = DeviceSync::record_on(stream);
   auto collective = transport_->launch(block->op, input, output);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -257,7 +269,8 @@ void Engine::launch(int64_t position) {
   }
   {
     std::lock_guard<std::mutex> lock(flight_mu_);
-    in_flight_.push_back(InFlight{position, bytes, input, output, std::move(collective), stream});
+    in_flight_.push_back(InFlight{position, bytes, input, output, std::move(collective), stream,
+                                  std::move(pack_event), std::move(start_event)});
   }
   flight_cv_.notify_all();
 }
@@ -326,8 +339,13 @@ void Engine::complete(InFlight& item) {
   std::optional<c10::StreamGuard> guard;
   if (item.stream) guard.emplace(*item.stream);
   const int64_t waiting_since = now_us();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
   try {
-    item.collective->wait(std::chrono::milliseconds(timeout_ms_));
+    if (item.stream) {
+      wait_on_device(item, deadline);
+    } else {
+      item.collective->wait(std::chrono::milliseconds(timeout_ms_));
+    }
   } catch (const std::exception& e) {
     // The transport's own timeout and wait_all's race: say which limit ran out either way.
     if ((now_us() - waiting_since) / 1000 + 50 < timeout_ms_) throw;
@@ -336,17 +354,34 @@ void Engine::complete(InFlight& item) {
     throw std::runtime_error(message.str());
   }
   const int64_t done = now_us();
+  auto end_event = DeviceSync::record_on(item.stream);
   const std::vector<at::Tensor>& grads = grads_;  // in place: see engine.h
   if (block.op == Collective::kAllreduce) FusionBuffer::unpack(block, item.buffer, grads);
   if (block.op == Collective::kAllGather) FusionBuffer::unpack(block, item.output, grads);
   const int64_t unpacked = now_us();
   auto done_event = DeviceSync::record_on(item.stream);
+  // The block counts as completed (credit returned, waiters woken) once the device has passed the
+  // collective's end: on a device, Work reports the end of the collective, not of the copies the
+  // backend orders after it (Gloo's copy back from host memory).
+  TORCH_CHECK(!end_event || event_done_by(*end_event, deadline),
+              "timed out after ", timeout_ms_ / 1000.0,
+              " s (COMMSCHED_TIMEOUT): the device did not reach the end of the collective");
+  BlockEvents events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events = block_events_[item.position];
+  }
+  events.pack = item.pack_event;
+  events.start = item.start_event;
+  events.end = end_event;
+  if (timeline_.enabled() && item.stream) device_spans(item, events, done_event, deadline);
   std::lock_guard<std::mutex> lock(mu_);
+  block_events_[item.position] = events;
   auto& timing = timings_[item.position];
   timing.done_us = done;
   const int64_t previous_done = item.position > 0 ? timings_[item.position - 1].done_us : -1;
   timing.service_us = done - std::max(timing.launch_us, previous_done);
-  if (timeline_.enabled()) {
+  if (timeline_.enabled() && !item.stream) {
     timeline_.span(collective_name(block.op), 2, timing.launch_us, done, block.block_id,
                    timing.bytes, collective_name(block.op));
     timeline_.span("unpack", 2, done, unpacked, block.block_id, timing.bytes,
@@ -356,6 +391,38 @@ void Engine::complete(InFlight& item) {
   if (block.op == Collective::kReduceScatter) shards_[item.position] = item.output;
   completed_ += 1;
   done_cv_.notify_all();
+}
+
+void Engine::wait_on_device(InFlight& item, std::chrono::steady_clock::time_point deadline) {
+  // Note [Waiting for device work]: ask, with growing sleeps, instead of NCCL's 1 ms polling.
+  if (!wait_with_backoff([&] { return item.collective->done(); }, deadline))
+    throw std::runtime_error("the collective had not ended on the device");
+  // It has ended (or failed): this raises its error, if any, and orders the current stream (the
+  // comm stream) after it, without waiting further.
+  item.collective->wait(std::chrono::milliseconds(timeout_ms_));
+}
+
+// The block's pack, collective and unpack as the device ran them, for the timeline. Waits for the
+// unpack to finish: only done while a timeline is written.
+void Engine::device_spans(const InFlight& item, const BlockEvents& events,
+                          const std::shared_ptr<c10::Event>& done_event,
+                          std::chrono::steady_clock::time_point deadline) {
+  DeviceClock clock;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    clock = clock_;
+  }
+  const int64_t pack = clock.to_us(events.pack, deadline);
+  const int64_t start = clock.to_us(events.start, deadline);
+  const int64_t end = clock.to_us(events.end, deadline);
+  const int64_t unpacked = clock.to_us(done_event, deadline);
+  if (pack < 0 || start < 0 || end < 0 || unpacked < 0) return;  // no anchor, or timed out
+  const BlockSpec& block = plan_[item.position];
+  const std::string op = collective_name(block.op);
+  const char* device = clock_name(Clock::kDeviceEvent);
+  timeline_.span("pack", 1, pack, start, block.block_id, item.bytes, op, device);
+  timeline_.span(op, 2, start, end, block.block_id, item.bytes, op, device);
+  timeline_.span("unpack", 2, end, unpacked, block.block_id, item.bytes, op, device);
 }
 
 void Engine::fail(const std::string& message) {
@@ -417,6 +484,12 @@ void Engine::wait_all(int64_t timeout_ms) {
   for (const auto& event : done_events_) DeviceSync::current_stream_wait(event);
   last_timings_ = timings_;
   last_ready_us_ = ready_us_;
+  // Swapped, not copied: reset_iteration_locked clears what is left in the current ones.
+  last_ready_events_.swap(ready_events_);
+  if (ready_events_.size() != last_ready_events_.size())
+    ready_events_.assign(last_ready_events_.size(), nullptr);
+  last_block_events_.swap(block_events_);
+  last_clock_ = clock_;
   reset_iteration_locked();
 }
 
@@ -444,13 +517,68 @@ void Engine::release(int64_t position) {
 }
 
 std::vector<int64_t> Engine::last_ready_us() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return last_ready_us_;
+  std::vector<int64_t> out;
+  std::vector<std::shared_ptr<c10::Event>> events;
+  DeviceClock clock;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = last_ready_us_;
+    if (!last_clock_.anchored()) return out;
+    events = last_ready_events_;
+    clock = last_clock_;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  for (size_t t = 0; t < out.size() && t < events.size(); ++t) {
+    if (out[t] < 0 || !events[t]) continue;
+    out[t] = clock.to_us(events[t], deadline);
+    TORCH_CHECK(out[t] >= 0, "commsched: timed out after ", timeout_ms_ / 1000.0,
+                " s (COMMSCHED_TIMEOUT) reading the ready time of '", tensor_names_[t],
+                "' from its device event");
+  }
+  return out;
 }
 
 std::vector<BlockTiming> Engine::last_block_timings() {
+  std::vector<BlockTiming> out;
+  std::vector<BlockEvents> events;
+  DeviceClock clock;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = last_timings_;
+    if (!last_clock_.anchored()) return out;
+    events = last_block_events_;
+    clock = last_clock_;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  auto read = [&](const std::shared_ptr<c10::Event>& event, int64_t block_id) {
+    const int64_t us = clock.to_us(event, deadline);
+    TORCH_CHECK(us >= 0, "commsched: timed out after ", timeout_ms_ / 1000.0,
+                " s (COMMSCHED_TIMEOUT) reading block ", block_id, "'s device events");
+    return us;
+  };
+  int64_t previous_done = -1;
+  for (size_t pos = 0; pos < out.size() && pos < events.size(); ++pos) {
+    auto& timing = out[pos];
+    const auto& block = events[pos];
+    if (block.ready) timing.ready_us = read(block.ready, timing.block_id);
+    if (block.start && block.end) {
+      timing.launch_us = read(block.start, timing.block_id);
+      timing.done_us = read(block.end, timing.block_id);
+      timing.service_us = timing.done_us - std::max(timing.launch_us, previous_done);
+    }
+    previous_done = timing.done_us;
+  }
+  return out;
+}
+
+Clocks Engine::last_clocks() {
   std::lock_guard<std::mutex> lock(mu_);
-  return last_timings_;
+  const bool device_ready = last_clock_.anchored();
+  const bool device_collectives =
+      device_ready && std::any_of(last_block_events_.begin(), last_block_events_.end(),
+                                  [](const BlockEvents& e) { return e.start && e.end; });
+  return Clocks{device_ready ? Clock::kDeviceEvent : Clock::kCpu,
+                device_collectives ? Clock::kDeviceEvent : Clock::kCpu};
 }
 
 }  // namespace commsched

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "device_clock.h"
 #include "device_sync.h"
 #include "plan_types.h"
 #include "ready_queue.h"
@@ -34,7 +35,8 @@
 
 namespace commsched {
 
-// Timings of one block in the last finished iteration, for the profiler (steady clock, us).
+// Timings of one block in the last finished iteration, for the profiler (us on the steady-clock
+// axis; for device tensors read from events, Note [Device time]).
 struct BlockTiming {
   int64_t block_id;
   int64_t bytes;
@@ -42,6 +44,12 @@ struct BlockTiming {
   int64_t launch_us;   // collective handed to the transport
   int64_t done_us;     // collective finished
   int64_t service_us;  // done - max(launch, previous block's done): time the channel spent on it
+};
+
+// Which clock the last finished iteration's figures came from.
+struct Clocks {
+  Clock ready;       // tensors' ready times
+  Clock collective;  // blocks' launch, done and service times
 };
 
 class Engine {
@@ -64,8 +72,14 @@ class Engine {
   void release(int64_t position);
   // Most bytes in flight at once (0: no limit); one block is always allowed.
   void set_credit(int64_t bytes);
+  // Whether a world of one records ready events for device gradients in the coming iterations
+  // (Note [A world of one]); other engines always do, their comm stream waits on them.
+  void set_local_ready_events(bool on) { local_ready_events_ = on; }
+  // The last finished iteration's figures. For device tensors they are read from events here,
+  // waiting (at most the engine's timeout) for any the device has not reached yet.
   std::vector<int64_t> last_ready_us();
   std::vector<BlockTiming> last_block_timings();
+  Clocks last_clocks();
   Timeline& timeline() { return timeline_; }
   void shutdown();
   // Stops the threads and drops the transport. Call without the GIL: the process group may be
@@ -84,6 +98,16 @@ class Engine {
     at::Tensor output;
     std::unique_ptr<PendingCollective> collective;
     std::optional<c10::Stream> stream;
+    std::shared_ptr<c10::Event> pack_event;   // on the comm stream before the pack
+    std::shared_ptr<c10::Event> start_event;  // on the comm stream as the collective is launched
+  };
+
+  // A block's timing events (device tensors only; null on CPU), Note [Device time].
+  struct BlockEvents {
+    std::shared_ptr<c10::Event> ready;  // the ready event of the gradient that completed it
+    std::shared_ptr<c10::Event> pack;
+    std::shared_ptr<c10::Event> start;
+    std::shared_ptr<c10::Event> end;    // the collective ended (before the unpack)
   };
 
   void complete_local();
@@ -91,6 +115,10 @@ class Engine {
   void completion_loop();
   void launch(int64_t position);
   void complete(InFlight& item);
+  void wait_on_device(InFlight& item, std::chrono::steady_clock::time_point deadline);
+  void device_spans(const InFlight& item, const BlockEvents& events,
+                    const std::shared_ptr<c10::Event>& done_event,
+                    std::chrono::steady_clock::time_point deadline);
   void fail(const std::string& message);
   void acquire_credit(int64_t bytes);
   void return_credit(int64_t bytes);
@@ -103,6 +131,7 @@ class Engine {
   std::shared_ptr<Transport> transport_;
   int64_t world_size_ = 1;
   bool local_ = false;  // a world of one: no threads, no transport work (Note [A world of one])
+  std::atomic<bool> local_ready_events_{true};
   std::mutex local_mu_;
   std::vector<std::string> tensor_names_;
   int64_t timeout_ms_;
@@ -125,6 +154,11 @@ class Engine {
   std::vector<BlockTiming> timings_;
   std::vector<BlockTiming> last_timings_;
   std::vector<int64_t> last_ready_us_;
+  DeviceClock clock_;       // this iteration's anchor (Note [Device time])
+  std::vector<BlockEvents> block_events_;
+  DeviceClock last_clock_;  // the last finished iteration's, with its events:
+  std::vector<BlockEvents> last_block_events_;
+  std::vector<std::shared_ptr<c10::Event>> last_ready_events_;
   std::vector<bool> launched_;
   std::atomic<int64_t> next_launch_{0};  // read by the ready queue without mu_
   int64_t completed_ = 0;

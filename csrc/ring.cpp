@@ -32,6 +32,7 @@ class RingCollective : public PendingCollective {
     per_chunk_ = (shard_ + chunks_ - 1) / chunks_;
     if (world_ == 1) {  // nothing to exchange: the one shard is the result
       output_.copy_(input_);
+      finished_ = true;
       return;
     }
     post_receives();
@@ -49,7 +50,12 @@ class RingCollective : public PendingCollective {
       }
     }
     for (auto& work : sends_) wait_work(work, deadline);
+    finished_ = true;
   }
+
+  // The ring moves on only inside wait(), so it is done once a wait() has returned. The engine
+  // asks done() only of device tensors' collectives, and the ring carries CPU tensors only.
+  bool done() override { return finished_; }
 
  private:
   // The shard rank r receives at step s (and, for a reduce-scatter, reduces): r - s - 2 for a
@@ -131,6 +137,7 @@ class RingCollective : public PendingCollective {
   std::vector<at::Tensor> accumulators_;  // reduce-scatter: steps 0 .. p-3 (the last is output)
   std::vector<c10::intrusive_ptr<c10d::Work>> recvs_;
   std::vector<c10::intrusive_ptr<c10d::Work>> sends_;
+  bool finished_ = false;
 };
 
 }  // namespace

@@ -13,16 +13,17 @@ int64_t now_us() {
 void Timeline::set_enabled(bool enabled) { enabled_ = enabled; }
 
 void Timeline::span(const std::string& name, int64_t lane, int64_t start_us, int64_t end_us,
-                    int64_t block_id, int64_t bytes, const std::string& op) {
+                    int64_t block_id, int64_t bytes, const std::string& op,
+                    const std::string& clock) {
   if (!enabled_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  events_.push_back({name, 'X', start_us, end_us - start_us, lane, block_id, bytes, op});
+  events_.push_back({name, 'X', start_us, end_us - start_us, lane, block_id, bytes, op, clock});
 }
 
 void Timeline::instant(const std::string& name, int64_t lane, int64_t ts_us) {
   if (!enabled_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  events_.push_back({name, 'i', ts_us, 0, lane, -1, 0, ""});
+  events_.push_back({name, 'i', ts_us, 0, lane, -1, 0, "", "cpu"});
 }
 
 std::vector<TimelineEvent> Timeline::drain() {

@@ -20,6 +20,7 @@ struct TimelineEvent {
   int64_t block_id;   // -1 when not about a block
   int64_t bytes;
   std::string op;
+  std::string clock;  // "cpu" or "device_event": where ts_us and dur_us came from
 };
 
 class Timeline {
@@ -27,7 +28,8 @@ class Timeline {
   void set_enabled(bool enabled);
   bool enabled() const { return enabled_; }
   void span(const std::string& name, int64_t lane, int64_t start_us, int64_t end_us,
-            int64_t block_id, int64_t bytes, const std::string& op);
+            int64_t block_id, int64_t bytes, const std::string& op,
+            const std::string& clock = "cpu");
   void instant(const std::string& name, int64_t lane, int64_t ts_us);
   std::vector<TimelineEvent> drain();
 

@@ -14,6 +14,7 @@ class WorkCollective : public PendingCollective {
   void wait(std::chrono::milliseconds timeout) override {
     work_->wait(timeout);
   }
+  bool done() override { return work_->isCompleted(); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -22,6 +23,7 @@ class WorkCollective : public PendingCollective {
 class DoneCollective : public PendingCollective {
  public:
   void wait(std::chrono::milliseconds) override {}
+  bool done() override { return true; }
 };
 }  // namespace
 

@@ -18,6 +18,9 @@ class PendingCollective {
   virtual ~PendingCollective() = default;
   // Blocks until the collective ends; throws on failure or after `timeout`.
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // Whether the collective has ended (or failed), without blocking. For device tensors that is
+  // when the device finished it (NCCL queries its end event; Gloo finished its host part).
+  virtual bool done() = 0;
 };
 
 class Transport {

@@ -243,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("overhead: --device cuda, but torch.cuda.is_available() is false here (torch "
+              f"{torch.__version__}): no GPU part to run", file=sys.stderr)
+        return 2
     if args.out:
         try:  # before any run: a bad path is one line now, not a traceback after the run
             prepare_dir(args.out, "--out")
@@ -283,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                                       "threads": args.threads}), flush=True)
     command = typed_command("commsched.bench.overhead", argv)
     meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
-            "torch": torch.__version__, "optimizer": args.optimizer, "rounds": args.rounds,
+            "torch": torch.__version__ + (f", {torch.cuda.get_device_name(device)}"
+                                          if device.type == "cuda" else ""),
+            "optimizer": args.optimizer, "rounds": args.rounds,
             "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
             "args": vars(args)}
     if args.out:

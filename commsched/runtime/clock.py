@@ -1,11 +1,45 @@
 """The timing a session records besides the engine's own: the compute between the end of one
 step() and the next iteration's first gradient (forward, loss, start of backward), which the
-simulator needs and no hook measures directly."""
+simulator needs and no hook measures directly; and the optimizer calls whose cost the planner's
+update groups trade (UpdateTimer)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
 from .. import _C
-from .engine import EngineHandle
+from .profiler import EventSpan
+
+if TYPE_CHECKING:
+    from .engine import EngineHandle
+
+
+class UpdateTimer:
+    """Times one call of the user's optimizer. On CUDA parameters the call only enqueues kernels
+    on the current stream, so the host's clock would time the launches: the call is timed by
+    CUDA events on that stream instead, read by the profiler once the device has passed them
+    (Note [Which clock] in profiler.py). Elsewhere, the CPU clock."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self._start: torch.cuda.Event | None = None
+        self._started = 0.0
+        if params and params[0].is_cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._started = time.perf_counter()
+
+    def stop(self) -> float | EventSpan:
+        """Seconds on the CPU clock, or the event pair to read on the device."""
+        if self._start is None:
+            return time.perf_counter() - self._started
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return EventSpan(self._start, end)
 
 
 class StepClock:

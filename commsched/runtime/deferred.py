@@ -15,11 +15,13 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from .clock import UpdateTimer
+from .profiler import EventSpan
 
 
 class HyperParameterSnapshots:
@@ -170,7 +172,7 @@ class DeferredUpdates:
         for param in params:
             param.grad = None
 
-    def step_all_in_two_calls(self) -> list[tuple[int, float]]:
+    def step_all_in_two_calls(self) -> list[tuple[int, float | EventSpan]]:
         """Steps every parameter of the user's optimizer that has a gradient, in two calls:
         the smallest one alone, then the rest; gradients are left in place (a synchronous
         step). Each parameter is stepped once, as one call would, so the update is the same;
@@ -182,10 +184,9 @@ class DeferredUpdates:
             return []
         self.snapshot()
         smallest = min(range(len(params)), key=lambda i: params[i].numel())
-        samples = []
+        samples: list[tuple[int, float | EventSpan]] = []
         for subset in ([params[smallest]], params[:smallest] + params[smallest + 1:]):
-            started = time.perf_counter()
+            timer = UpdateTimer(subset)  # device events on CUDA (Note [Which clock])
             self._step(self._optimizer_for(subset))
-            samples.append((sum(p.numel() * p.element_size() for p in subset),
-                            time.perf_counter() - started))
+            samples.append((sum(p.numel() * p.element_size() for p in subset), timer.stop()))
         return samples

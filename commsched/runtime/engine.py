@@ -39,6 +39,11 @@ class EngineHandle:
     # What its tensors are, in the heartbeats and the failure diagnosis (K-FAC's exchanges name
     # theirs): a wrapped optimizer's engine carries gradients.
     label = "gradients"
+    # Test-only, never a user knob: a world of one gets a process group of its own (of the
+    # initialised default group's backend) instead of the local engine without threads, so that
+    # tests/gpu can drive the process-group transport with an NCCL group of one (NCCL refuses two
+    # ranks on one GPU). Needs torch.distributed initialised by the test.
+    process_group_at_size_one = False
 
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
@@ -50,7 +55,7 @@ class EngineHandle:
         # Every how many rounds the profiler records one: every round while a plan is being
         # profiled, then a sample now and then is enough (auto's late re-check reads the
         # latest ones), which keeps the per-iteration Python small.
-        self.sample_every = 1
+        self._sample_every = 1
         self._ops: list[str] = []
         self._iteration = iteration or (lambda: self.rounds)
         self._world = world
@@ -58,6 +63,8 @@ class EngineHandle:
         self.waited_s = 0.0  # the training thread's total time blocked in engine waits
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
+        if self._group is None and self.process_group_at_size_one:
+            self._group = dist.new_group(ranks=[0], backend=dist.get_backend())
         # Gloo's reduce-scatter costs about a whole all-reduce: the engine rings its own there
         # (Note [Why the engine rings its own reduce-scatter], csrc/ring.h).
         ring = self._group is not None and dist.get_backend(self._group) == "gloo"
@@ -65,12 +72,26 @@ class EngineHandle:
                                  ring_collectives=ring)
         # Called once per gradient: the extension's own method, no Python frame in between.
         self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
-        self.profiler = Profiler(len(specs))
+        self.profiler = Profiler(len(specs), timeout_s=timeout)
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)
         self._closed = False
         registry.register(self)
+
+    @property
+    def sample_every(self) -> int:
+        return self._sample_every
+
+    @sample_every.setter
+    def sample_every(self, every: int) -> None:
+        self._sample_every = every
+        self._arm_ready_events()
+
+    def _arm_ready_events(self) -> None:
+        """A world of one records device ready events only for the rounds the profiler samples
+        (nothing else reads them; Note [A world of one] in csrc/engine.cpp)."""
+        self._engine.set_local_ready_events((self.rounds + 1) % self._sample_every == 0)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
@@ -128,9 +149,12 @@ class EngineHandle:
         self._guarded(self._engine.wait_all, self.timeout_ms)
         self.rounds += 1
         self.span("wait", started, what="all blocks")
-        if self.rounds % self.sample_every == 0:
+        if self.rounds % self._sample_every == 0:
             engine = self._engine
-            self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops)
+            self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops,
+                                 engine.last_clocks())
+        if self._sample_every > 1:
+            self._arm_ready_events()
         if self.timeline:
             self.timeline.engine_events(self._engine.drain_events())
 

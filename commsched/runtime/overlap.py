@@ -30,6 +30,7 @@ from .. import _C
 from ..plan import Plan, Stage, UpdateGroup
 from ..plan.update_groups import per_module_groups
 from ..sim.overlap import completing_blocks
+from .clock import UpdateTimer
 from .deferred import DeferredUpdates
 from .profiler import KEEP_ITERATIONS
 
@@ -230,10 +231,12 @@ class OverlapRunner:
         if nbytes is None:  # the same groups come back every iteration
             nbytes = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
         started = _C.now_us()
+        timer = UpdateTimer(params)  # device events on CUDA (Note [Which clock])
         self._deferred.apply(params, [self._grads[t] for t in tids])
+        took = timer.stop()
         elapsed = _C.now_us() - started
         self._update_us += elapsed
-        self._engine.profiler.note_update(nbytes, elapsed / 1e6)
+        self._engine.profiler.note_update(nbytes, took)
         self._engine.span("update", started, tensors=len(tids))
         self._pending.difference_update(tids)
 

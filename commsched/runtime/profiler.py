@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..plan import NetModel, Profile, TensorSpec
 from ..sim.timing import children_seconds
@@ -40,6 +42,35 @@ KEEP_ITERATIONS = 64
 KEEP_COLLECTIVE_SAMPLES = 4096
 
 
+class TimingEvent(Protocol):
+    """What the profiler needs of an event pair timing a stretch of device work (torch.cuda.Event
+    with enable_timing=True)."""
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end_event: Any) -> float: ...
+
+
+# Note [Which clock]
+# Every figure kind of the profile says which clock it came from: "cpu" (the host's steady
+# clock) or "device_event" (events on the device's streams, Note [Device time] in
+# csrc/device_clock.cpp). For device tensors, ready times and collective durations come from the
+# engine's events and update costs from CUDA events around the optimizer call (UpdateTimer);
+# the compute figures (before_first_ready_s, step_s) and module forward times are stretches of
+# the training thread on the host's clock (on a device, the host's share: the enqueueing of the
+# work) and say "cpu" everywhere.
+CPU = "cpu"
+DEVICE_EVENT = "device_event"
+
+
+@dataclass(frozen=True)
+class EventSpan:
+    """A stretch of device work between two timing events, not necessarily reached yet."""
+
+    start: TimingEvent
+    end: TimingEvent
+
+
 def _keep_last(values: list, limit: int) -> None:
     if len(values) > limit:
         del values[: len(values) - limit]
@@ -54,6 +85,8 @@ class Profiler:
     """Collects one record per finished iteration."""
 
     num_tensors: int
+    # How long reading device-timed figures may wait for the device (the engine's timeout).
+    timeout_s: float = 300.0
     ready_samples: list[list[float]] = field(default_factory=list)
     samples_by_op: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     # Compute the simulator needs besides ready times, in seconds: "before_first_ready_s" (from
@@ -63,38 +96,82 @@ class Profiler:
     # (bytes, seconds) of single calls of the user's optimizer on a subset of the parameters:
     # the overlap runner's group updates, and the split update of the profiling steps.
     update_samples: list[tuple[int, float]] = field(default_factory=list)
+    # Figure kind -> clock (Note [Which clock]); a kind appears once a figure of it was recorded.
+    clocks: dict[str, str] = field(default_factory=dict)
+    # (bytes, events) of optimizer calls timed on the device that it may not have reached yet;
+    # read into update_samples once it has (Note [Which clock]).
+    _pending_updates: list[tuple[int, EventSpan]] = field(default_factory=list)
 
     @property
     def collective_samples(self) -> list[tuple[int, float]]:
         return self.samples_by_op.get("allreduce", [])
 
     def record(self, ready_us: Sequence[int], block_timings: Sequence[tuple[int, ...]],
-               ops: Sequence[str] | None = None) -> None:
+               ops: Sequence[str] | None = None, clocks: dict[str, str] | None = None) -> None:
+        """One iteration's figures from the engine; `clocks` ({"ready", "collective"} -> clock,
+        the engine's last_clocks()) says where they came from (CPU when not given)."""
         marked = [t for t in ready_us if t >= 0]
         if marked:
+            self.clocks["ready_time_s"] = (clocks or {}).get("ready", CPU)
             first = min(marked)
             self.ready_samples.append([(t - first) / 1e6 if t >= 0 else -1.0 for t in ready_us])
             _keep_last(self.ready_samples, KEEP_ITERATIONS)
         for position, (_block, nbytes, _ready, launch, done, service) in enumerate(block_timings):
             if launch >= 0 and done >= 0:
+                self.clocks["collective_s"] = (clocks or {}).get("collective", CPU)
                 op = ops[position] if ops else "allreduce"
                 samples = self.samples_by_op.setdefault(op, [])
                 samples.append((nbytes, service / 1e6))
                 _keep_last(samples, KEEP_COLLECTIVE_SAMPLES)
 
     def note(self, kind: str, seconds: float) -> None:
+        self.clocks["compute_s"] = CPU
         values = self.compute_samples.setdefault(kind, [])
         values.append(seconds)
         _keep_last(values, KEEP_ITERATIONS)
 
-    def note_update(self, nbytes: int, seconds: float) -> None:
+    def note_update(self, nbytes: int, took: float | EventSpan) -> None:
+        """One optimizer call on `nbytes` of parameters: seconds on the CPU clock, or an event
+        pair (UpdateTimer on CUDA), read once the device has passed its end."""
+        if isinstance(took, EventSpan):
+            self.clocks["update_s"] = DEVICE_EVENT
+            self._pending_updates.append((nbytes, took))
+            self._read_updates(wait=False)
+        else:
+            self.clocks["update_s"] = CPU
+            self._add_update(nbytes, took)
+
+    def _add_update(self, nbytes: int, seconds: float) -> None:
         self.update_samples.append((nbytes, seconds))
         _keep_last(self.update_samples, KEEP_COLLECTIVE_SAMPLES)
+
+    def _read_updates(self, wait: bool) -> None:
+        """Moves the pending event pairs the device has passed (all of them when `wait`: then
+        this waits, at most timeout_s, until the device reaches the last) into update_samples,
+        in call order."""
+        pending = self._pending_updates
+        deadline = time.monotonic() + self.timeout_s
+        pause = 1e-5  # growing sleeps, as Note [Waiting for device work] in the engine
+        while pending:
+            nbytes, span = pending[0]
+            if not span.end.query():
+                if not wait:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"commsched: timed out after {self.timeout_s:g} s (COMMSCHED_TIMEOUT) "
+                        "waiting for the device to finish a timed optimizer call")
+                time.sleep(pause)
+                pause = min(2 * pause, 2.5e-4)
+                continue
+            pending.pop(0)
+            self._add_update(nbytes, span.start.elapsed_time(span.end) / 1e3)
 
     def update_cost(self) -> NetModel | None:
         """One optimizer call's cost as fixed (alpha) + per byte (beta); None until calls of at
         least two sizes were timed (a plan with one group times one size only, so the window
         keeps the profiling steps' samples rather than only the latest half)."""
+        self._read_updates(wait=True)
         samples = self.update_samples
         if len({n for n, _ in samples}) < 2:
             return None
@@ -165,6 +242,7 @@ def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size
     for op, samples in sorted(profiler.samples_by_op.items()):
         net = fit_alpha_beta(samples)
         collectives[op] = {"alpha_s": net.alpha, "beta_s_per_byte": net.beta,
+                           "clock": profiler.clocks.get("collective_s", CPU),
                            "samples": [[n, t] for n, t in samples]}
     compute = profiler.compute()
     update = profiler.update_cost()
@@ -172,4 +250,5 @@ def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size
         compute.update({"update_fixed_s": update.alpha, "update_per_byte_s": update.beta})
     return {"schema_version": PROFILE_SCHEMA_VERSION, "world_size": world_size,
             "iterations": profiler.iterations, "compute": compute, "tensors": tensors,
-            "modules": modules, "collectives": collectives}
+            "modules": modules, "collectives": collectives,
+            "clocks": {**profiler.clocks, **({"module_forward_s": CPU} if modules else {})}}

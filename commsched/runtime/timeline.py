@@ -1,7 +1,10 @@
 """Chrome-trace (Perfetto) timeline, one JSON file per rank.
 
 Events are appended as they are drained from the engine; the array is closed on shutdown (the
-trace format allows a missing closing bracket, so a crashed run still loads).
+trace format allows a missing closing bracket, so a crashed run still loads). Every span and
+instant says in args.clock which clock it came from: "cpu" (the steady clock of the host), or
+"device_event" for an engine span of device tensors, read from events on the streams (Note
+[Device time] in csrc/device_clock.cpp).
 """
 
 from __future__ import annotations
@@ -45,25 +48,27 @@ class TimelineWriter:
         self._first = False
 
     def engine_events(self, events: list[tuple]) -> None:
-        for name, phase, ts, dur, lane, block, nbytes, op in events:
+        for name, phase, ts, dur, lane, block, nbytes, op, clock in events:
             event: dict[str, Any] = {"name": name, "ph": phase, "ts": ts - self._origin_us,
                                      "pid": self._rank, "tid": lane}
             if phase == "X":
                 event["dur"] = dur
-                event["args"] = {"block": block, "bytes": nbytes, "op": op}
+                event["args"] = {"block": block, "bytes": nbytes, "op": op, "clock": clock}
             else:
                 event["s"] = "t"
+                event["args"] = {"clock": clock}
             self._emit(event)
         if self._file is not None:
             self._file.flush()
 
     def span(self, name: str, lane: int, start_us: int, end_us: int, **args: Any) -> None:
         self._emit({"name": name, "ph": "X", "ts": start_us - self._origin_us,
-                    "dur": end_us - start_us, "pid": self._rank, "tid": lane, "args": args})
+                    "dur": end_us - start_us, "pid": self._rank, "tid": lane,
+                    "args": {**args, "clock": "cpu"}})
 
     def mark(self, name: str) -> None:
         self._emit({"name": name, "ph": "i", "s": "p", "ts": _C.now_us() - self._origin_us,
-                    "pid": self._rank, "tid": 0})
+                    "pid": self._rank, "tid": 0, "args": {"clock": "cpu"}})
 
     def close(self) -> None:
         if self._file is not None:

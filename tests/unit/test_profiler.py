@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from commsched.plan import NetModel
-from commsched.runtime.profiler import Profiler, fit_alpha_beta
+from commsched.plan import NetModel, TensorSpec
+from commsched.runtime.profiler import EventSpan, Profiler, fit_alpha_beta, profile_document
 
 
 def test_fit_recovers_alpha_beta() -> None:
@@ -34,3 +34,64 @@ def test_profile_is_median_ready_time_of_the_latest_half() -> None:
     assert prof.collective_samples == [(400, 10e-6), (800, 20e-6)]
     net = prof.net_model(alpha=5.0)
     assert net.alpha == 5.0 and net.beta == pytest.approx(2.5e-8)
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event (no device here): reached once `reached` is set, or
+    after `after` more queries; its time is `at_ms`."""
+
+    def __init__(self, at_ms: float, after: int = -1) -> None:
+        self.at_ms, self.reached, self.after, self.queries = at_ms, False, after, 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        self.reached = self.reached or 0 <= self.after < self.queries
+        return self.reached
+
+    def elapsed_time(self, end_event: _FakeEvent) -> float:
+        assert self.reached and end_event.reached
+        return end_event.at_ms - self.at_ms
+
+
+def test_figures_say_which_clock_they_came_from() -> None:
+    prof = Profiler(num_tensors=1)
+    assert prof.clocks == {}
+    prof.record([10], [(0, 400, 10, 12, 20, 8)], ["allreduce"])
+    prof.note("step_s", 0.1)
+    prof.note_update(100, 1e-3)
+    assert prof.clocks == {"ready_time_s": "cpu", "collective_s": "cpu", "compute_s": "cpu",
+                           "update_s": "cpu"}
+    prof.record([10], [(0, 400, 10, 12, 20, 8)], ["allreduce"],
+                {"ready": "device_event", "collective": "device_event"})
+    assert prof.clocks["ready_time_s"] == prof.clocks["collective_s"] == "device_event"
+    doc = profile_document([TensorSpec(0, "w", 100, "float32", 4, 0)], prof, 1, [], {})
+    assert doc["clocks"] == prof.clocks
+    assert doc["collectives"]["allreduce"]["clock"] == "device_event"
+
+
+def test_device_timed_updates_are_read_once_the_device_passed_them() -> None:
+    prof = Profiler(num_tensors=1)
+    first = EventSpan(_FakeEvent(0.0), _FakeEvent(2.0))
+    second = EventSpan(_FakeEvent(5.0), _FakeEvent(9.0, after=3))
+    for span in (first, second):
+        span.start.reached = True  # type: ignore[attr-defined]
+    prof.note_update(1000, first)
+    assert prof.update_samples == [] and prof.clocks["update_s"] == "device_event"
+    first.end.reached = True  # type: ignore[attr-defined]
+    prof.note_update(3000, second)  # reads the first, which the device has passed, not yet this
+    assert prof.update_samples == [(1000, pytest.approx(2e-3))]
+    cost = prof.update_cost()  # waits for the rest: both sizes, a fit
+    assert second.end.queries == 4  # type: ignore[attr-defined]
+    assert prof.update_samples == [(1000, pytest.approx(2e-3)), (3000, pytest.approx(4e-3))]
+    assert cost is not None
+    assert (cost.alpha, cost.beta) == (pytest.approx(1e-3), pytest.approx(1e-6))
+
+
+def test_waiting_for_a_device_timed_update_has_a_timeout() -> None:
+    prof = Profiler(num_tensors=1, timeout_s=0.05)
+    start, never = _FakeEvent(0.0), _FakeEvent(1.0)
+    start.reached = True
+    prof.note_update(10, EventSpan(start, never))
+    prof.note_update(20, 1e-3)
+    with pytest.raises(TimeoutError, match=r"timed out after 0.05 s \(COMMSCHED_TIMEOUT\)"):
+        prof.update_cost()

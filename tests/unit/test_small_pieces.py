@@ -94,8 +94,8 @@ def test_timeline_paths_and_events(tmp_path: pathlib.Path) -> None:
     assert timeline_path("t", 2) == "t.rank2.json"
     assert timeline_path("t-{rank}.trace", 1) == "t-1.trace"
     writer = TimelineWriter(str(tmp_path / "t.json"), 0)
-    writer.engine_events([("pack", "X", 10, 5, 1, 7, 64, "allreduce"),
-                          ("ready:w", "i", 9, 0, 0, -1, 0, "")])
+    writer.engine_events([("pack", "X", 10, 5, 1, 7, 64, "allreduce", "device_event"),
+                          ("ready:w", "i", 9, 0, 0, -1, 0, "", "cpu")])
     writer.mark("iteration 1")
     writer.close()
     writer.mark("after close")  # dropped: the file is complete
@@ -103,7 +103,8 @@ def test_timeline_paths_and_events(tmp_path: pathlib.Path) -> None:
     names = [e["name"] for e in events]
     assert names == ["process_name"] + ["thread_name"] * 4 + ["pack", "ready:w", "iteration 1"]
     pack, ready, mark = events[5:]
-    assert pack["args"] == {"block": 7, "bytes": 64, "op": "allreduce"} and pack["dur"] == 5
+    assert pack["args"] == {"block": 7, "bytes": 64, "op": "allreduce", "clock": "device_event"}
+    assert pack["dur"] == 5 and ready["args"] == {"clock": "cpu"} == mark["args"]
     assert (pack["ph"], pack["tid"], ready["ph"], ready["tid"], ready["s"]) == ("X", 1, "i", 0, "t")
     assert ready["ts"] - pack["ts"] == 9 - 10  # engine times are shifted by one common origin
     assert mark["ph"] == "i" and mark["s"] == "p" and mark["ts"] >= 0

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU check (issue 14): on a machine with a CUDA device, builds commsched._C against the
+# torch there, runs tests/gpu/ and the overhead benchmark's GPU part (world of one, every policy
+# beside the plain optimizer; GPT-2 124M when transformers is importable), and writes a report to
+# benchmarks/gpu/ (README.md, tests.log, junit.xml, overhead/). Exits non-zero if a test failed.
+# Without a CUDA device it stops at once with one line saying so.
+#
+# Python: $GPU_CHECK_PYTHON, else .venv/bin/python if its torch sees a GPU (scripts/setup.sh made
+# it), else python3 (the GPU machines' image: a CUDA torch, pytest, transformers, no registry),
+# whose build goes in place (commsched/_C*.so, git-ignored) since setup.sh would need a registry.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-benchmarks/gpu}"
+ROUNDS="${ROUNDS:-6}"
+CUDA_CHECK='import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
+
+PY=""
+TRIED=()
+for candidate in ${GPU_CHECK_PYTHON:-.venv/bin/python python3}; do
+  [ -x "$candidate" ] || command -v "$candidate" >/dev/null 2>&1 || continue
+  TRIED+=("$candidate")
+  if "$candidate" -c "$CUDA_CHECK" 2>/dev/null; then PY="$candidate"; break; fi
+done
+if [ -z "$PY" ]; then
+  echo "gpu_check: no CUDA device: torch.cuda.is_available() is not true for ${TRIED[*]:-any python}; nothing run" >&2
+  exit 1
+fi
+
+echo "== gpu_check: build ($PY)" >&2
+if [ "$PY" = .venv/bin/python ]; then
+  scripts/setup.sh
+else
+  MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace >/dev/null
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c "import commsched._C"
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+
+echo "== gpu_check: tests/gpu" >&2
+set +e
+"$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 \
+  | tee "$OUT/tests.log"
+TESTS_RC=${PIPESTATUS[0]}
+set -e
+
+echo "== gpu_check: overhead benchmark, GPU part" >&2
+set +e
+OVERHEAD_COMMAND="scripts/gpu_check.sh" "$PY" -m commsched.bench.overhead --device cuda \
+  --rounds "$ROUNDS" --out "$OUT/overhead" 2>&1 | tee "$OUT/overhead.log"
+BENCH_RC=${PIPESTATUS[0]}
+set -e
+
+"$PY" - "$OUT" "$TESTS_RC" "$BENCH_RC" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PYEOF'
+import datetime
+import os
+import sys
+
+import torch
+
+out, tests_rc, bench_rc, commit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+with open(os.path.join(out, "tests.log"), encoding="utf-8") as handle:
+    lines = [line.strip() for line in handle if line.strip()]
+summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line
+                or "failed" in line or "skipped" in line or "error" in line)), "(no summary)")
+nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() \
+    else "not available"
+report = [
+    "# GPU check", "",
+    "Command: `scripts/gpu_check.sh`", "",
+    f"- date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+    f"- commit: {commit}",
+    f"- device: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} visible)",
+    f"- torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}", "",
+    "## tests/gpu", "",
+    f"`{summary}` (exit code {tests_rc}; full log: tests.log, junit.xml)", "",
+    "## Overhead benchmark, GPU part", "",
+    (f"See overhead/README.md (exit code {bench_rc}; log: overhead.log)." if bench_rc == 0
+     else f"FAILED with exit code {bench_rc}: see overhead.log."), "",
+]
+with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as handle:
+    handle.write("\n".join(report))
+print("\n".join(report))
+PYEOF
+
+if [ "$TESTS_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ]; then
+  echo "gpu_check: FAILED (tests/gpu exit $TESTS_RC, overhead exit $BENCH_RC); report in $OUT" >&2
+  exit 1
+fi
+echo "gpu_check: passed; report in $OUT" >&2
