@@ -18,7 +18,16 @@ from ..world.errors import RankFailureError, without_backtrace
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
-_engine_ids = itertools.count()
+# Per process set (None: the whole world): ranks outside a set make none of its engines.
+_engine_ids: dict[tuple[int, ...] | None, itertools.count] = {}
+
+
+def _next_engine_id(world: World) -> str:
+    """Equal on every rank of `world`, since every one of them wraps in the same order."""
+    number = next(_engine_ids.setdefault(world.members, itertools.count()))
+    if world.members is None:
+        return str(number)
+    return f"{number}@ranks {','.join(map(str, world.members))}"
 
 
 def check_collective_codes() -> None:
@@ -43,7 +52,7 @@ class EngineHandle:
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
         self.specs = specs
-        self.engine_id = next(_engine_ids)  # wrap order is the same on every rank
+        self.engine_id = _next_engine_id(world)
         # Rounds of wait(): one per iteration for K-FAC's exchanges. A session passes its own
         # iteration counter instead, so that the heartbeats report the one the user sees.
         self.rounds = 0
@@ -58,6 +67,7 @@ class EngineHandle:
         self.waited_s = 0.0  # the training thread's total time blocked in engine waits
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
+        self._closed = False
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms)
         # Called once per gradient: the extension's own method, no Python frame in between.
         self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
@@ -108,7 +118,8 @@ class EngineHandle:
             return call(*args)
         except RuntimeError as err:
             liveness = getattr(self._world, "liveness", None)
-            verdict = liveness.diagnose().text if liveness is not None else ""
+            verdict = (liveness.diagnose(ranks=self._world.members).text
+                       if liveness is not None else "")
             text = without_backtrace(err)
             raise RankFailureError(f"{verdict}: {text}" if verdict else text) from err
         finally:
@@ -148,6 +159,11 @@ class EngineHandle:
             self.timeline.mark(name)
 
     def shutdown(self) -> None:
+        """Stops the engine's threads and destroys its group; a second call does nothing (a
+        session's release and commsched.shutdown() may both come)."""
+        if self._closed:
+            return
+        self._closed = True
         self._engine.shutdown()
         group, self._group = self._group, None
         if group is not None and dist.is_initialized():

@@ -15,7 +15,9 @@ DistributedOptimizer keeps Horovod's surface and delegates everything else here.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +32,13 @@ from ..ops import ReduceOp
 from ..outputs import prepare_file
 from ..plan import Plan, TensorSpec, dtype_name
 from ..world import check_identical, parameter_signature, registry
+from ..world.process_sets import world_for
 from .clock import StepClock
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
-from .sparse import SparseExchange, sparse_parameter_ids, unrouted_sparse_error
+from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
@@ -57,6 +60,7 @@ class WrapOptions:
     group_of: dict[int, int]
     sparse_as_dense: bool
     model: Any
+    process_set: Any = None  # Horovod's: an hvd.ProcessSet or a list of ranks; None: every rank
 
 
 def make_specs(named: Sequence[tuple[str, torch.Tensor]],
@@ -76,7 +80,9 @@ class Session:
     def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                  named: list[tuple[str, torch.Tensor]], options: WrapOptions,
                  config: Config) -> None:
-        self.world = world_module.init(config.timeout, config.stall_warning)
+        _release_orphans()
+        self.world = world_for(world_module.init(config.timeout, config.stall_warning),
+                               options.process_set)
         # Output files are checked before any group or engine exists (nothing to undo).
         if config.profile and self.world.rank == 0:  # rank 0 writes it at the re-plan
             prepare_file(config.profile, "COMMSCHED_PROFILE")
@@ -86,6 +92,10 @@ class Session:
         self.options = options
         self.iteration = 0
         self.passes = options.backward_passes_per_step
+        self.names = {p: n for n, p in named}
+        # Gradients that arrived sparse on a dense-planned parameter this iteration: reduced
+        # dense, handed back sparse (Note [sparse gradients without a route]).
+        self._densified: set[int] = set()
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
         routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
         tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
@@ -100,8 +110,9 @@ class Session:
         self._check_ranks_agree(routed)
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.sparse = SparseExchange(self.world, routed, options.op, self.passes)
+        this = weakref.ref(self)  # the engine must not keep the session (and the optimizer) alive
         self.engine = EngineHandle(self.world, self.specs, config.timeout, config.timeline,
-                                   iteration=lambda: self.iteration)
+                                   iteration=lambda: getattr(this(), "iteration", 0))
         self._mark_ready = self.engine.mark_ready
         self.runner = self._make_runner(base_cls)
         self.clock = StepClock(self.engine)
@@ -115,6 +126,16 @@ class Session:
         self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, p in enumerate(self.sparse.params)]
+        # Note [a dropped optimizer releases its engine]: nothing the engine, the hooks or the
+        # groups hold refers back to the optimizer or this session (the hooks and the engine's
+        # iteration read them through weak references), so a dropped wrapper is collected, and
+        # this finalizer then stops the engine's threads and destroys its groups. close() runs it
+        # at once. Only the thread that wrapped releases: one elsewhere (a garbage collection
+        # in a heartbeat thread) leaves it to the next wrap or commsched.shutdown().
+        self._release = weakref.finalize(
+            optimizer, _release, _Resources(self.engine, self.sparse, self._hooks,
+                                            threading.get_ident()))
+        self._release.atexit = False  # at exit commsched.shutdown() stops what is left
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _check_ranks_agree(self, routed: list[tuple[str, torch.Tensor]]) -> None:
@@ -126,7 +147,8 @@ class Session:
                     "backward_passes_per_step": o.backward_passes_per_step,
                     "gradient_predivide_factor": o.predivide,
                     "groups": [s.group for s in self.specs],
-                    "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed]}
+                    "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed],
+                    "process_set": self.world.members}
         check_identical(self.world, "commsched settings", sorted(settings.items()))
 
     def _make_runner(self, base_cls: type) -> OverlapRunner | None:
@@ -160,32 +182,57 @@ class Session:
         self.clock.first_gradient()
 
     def _gradient_hook(self, tensor_id: int):
+        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
+
         def hook(param: torch.Tensor) -> None:
-            if not self._gradients_started:
-                self._first_gradient()
-            remaining = self._delay[tensor_id]
+            session = this()
+            if session is None:
+                return
+            if not session._gradients_started:
+                session._first_gradient()
+            remaining = session._delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
             if param.grad is None:
                 return
             if param.grad.is_sparse:
-                if not self.options.sparse_as_dense:
-                    raise unrouted_sparse_error(self.specs[tensor_id].name,
-                                                self.options.model is not None)
-                param.grad = param.grad.to_dense()
-            self._delay[tensor_id] = remaining - 1
-            self._handed += 1
+                session._densify(tensor_id, param)
+            session._delay[tensor_id] = remaining - 1
+            session._handed += 1
             if remaining == 1:
-                self._marked += 1
-                self._mark_ready(tensor_id, _dense_layout(param))
+                session._marked += 1
+                session._mark_ready(tensor_id, _dense_layout(param))
         return hook
 
+    def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
+        """Note [sparse gradients without a route]: a sparse gradient of a parameter the plan
+        holds as dense (sparse_as_dense=True, or no model= to tell commsched before training
+        which parameters are sparse) is reduced dense, as Horovod's sparse_as_dense does, and
+        handed back sparse after the reduction (`_resparsify`), so that optimizers that take
+        only sparse gradients (SparseAdam) still work. Every rank reduces the same dense
+        block whatever it holds; rows no rank touched are left out of the sparse result."""
+        assert param.grad is not None
+        param.grad = param.grad.to_dense()
+        self._densified.add(tensor_id)
+
+    def _resparsify(self) -> None:
+        for tensor_id in self._densified:
+            param = self.params[tensor_id]
+            if param.grad is not None and not param.grad.is_sparse:
+                param.grad = param.grad.to_sparse(1)
+        self._densified.clear()
+
     def _sparse_hook(self, index: int):
+        this = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
+            session = this()
+            if session is None:
+                return
             # The gradient stays in p.grad until the exchange at synchronize()/step().
-            if not self._gradients_started:
-                self._first_gradient()
-            delay = self.sparse.delay
+            if not session._gradients_started:
+                session._first_gradient()
+            delay = session.sparse.delay
             if delay[index] <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
             if param.grad is not None:
@@ -215,7 +262,7 @@ class Session:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             elif param.grad.is_sparse:
-                param.grad = param.grad.to_dense()
+                self._densify(tensor_id, param)
             self.engine.mark_ready(tensor_id, _dense_layout(param))
 
     def synchronize(self) -> None:
@@ -226,6 +273,8 @@ class Session:
         self._launch_rest()
         self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         self.engine.wait()
+        if self._densified:
+            self._resparsify()
         self._end_iteration()
 
     def step_deferred(self) -> None:
@@ -281,15 +330,46 @@ class Session:
         return self.lifecycle.profile_document()
 
     def close(self) -> None:
-        """Stops this session's engine and removes its hooks and the runner's module hooks.
-        Updates still deferred are dropped (call flush() first to keep them): close() also
-        serves after a failed collective, when nothing can be waited for any more."""
-        self.engine.shutdown()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        """Stops this session's engine, destroys its groups (the engine's and the sparse
+        route's) and removes its hooks and the runner's module hooks. Updates still deferred
+        are dropped (call flush() first to keep them): close() also serves after a failed
+        collective, when nothing can be waited for any more."""
+        self._release()
         if self.runner is not None:
             self.runner.remove()
+
+
+@dataclass
+class _Resources:
+    """What a session holds that outlives it unless released: the engine (its threads and
+    group), the sparse route's group and the gradient hooks; and the thread that may release
+    them. Nothing here refers to the session or the optimizer."""
+
+    engine: EngineHandle
+    sparse: SparseExchange
+    hooks: list[Any]
+    owner: int
+
+
+_orphans: list[_Resources] = []  # collected in another thread, released by the next wrap
+
+
+def _release(resources: _Resources) -> None:
+    if threading.get_ident() != resources.owner:
+        _orphans.append(resources)
+        return
+    for handle in resources.hooks:
+        handle.remove()
+    resources.hooks.clear()
+    resources.engine.shutdown()
+    resources.sparse.close()
+
+
+def _release_orphans() -> None:
+    while _orphans:
+        resources = _orphans.pop()
+        resources.owner = threading.get_ident()
+        _release(resources)
 
 
 def _dense_layout(param: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,11 @@ from typing import Any, Protocol
 
 
 class Participant(Protocol):
-    """What the world needs of an engine: an id equal on every rank, its progress for the
-    heartbeats, and a way to stop it."""
+    """What the world needs of an engine: an id equal on every rank that runs it (a process
+    set's engines carry the set in theirs), its progress for the heartbeats, and a way to stop
+    it."""
 
-    engine_id: int
+    engine_id: str
 
     def progress(self) -> dict[str, Any]: ...
 
@@ -49,7 +50,7 @@ def unregister(participant: Participant) -> None:
 
 
 def participants() -> list[Participant]:
-    return sorted(_live, key=lambda p: p.engine_id)
+    return sorted(_live, key=lambda p: (len(p.engine_id), p.engine_id))
 
 
 def shutdown_all() -> None:
