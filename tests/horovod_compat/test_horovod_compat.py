@@ -72,3 +72,14 @@ def test_horovod_test_not_applicable_here(name: str, outcomes: list[dict[str, An
 
 def test_every_test_of_the_file_is_accounted_for(outcomes: list[dict[str, Any]]) -> None:
     assert sorted(outcomes[0]) == sorted([*PASSING, *NOT_APPLICABLE])
+
+
+def test_the_optimizers_these_tests_drop_release_their_threads(
+        outcomes: list[dict[str, Any]]) -> None:
+    # The looping tests wrap about 90 optimizers; each kept an engine and a group (10 threads)
+    # until shutdown, and a rank reached about 430 threads. A few threads of slack: Horovod's
+    # own threads come and go with its init()/shutdown() around every test.
+    for rank, tests in enumerate(outcomes):
+        counts = {name: entry["threads_after"] for name, entry in tests.items()}
+        first = min(counts.values())
+        assert max(counts.values()) <= first + 4, f"rank {rank}: threads after each test {counts}"
