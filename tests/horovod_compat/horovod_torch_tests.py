@@ -25,7 +25,9 @@
 #     every other call (init, rank, broadcast_, allgather, process sets, ...) is Horovod's.
 #   * Only these 18 tests of the file's class are kept, in the file's order; an adapted test
 #     says how and why in a comment marked "commsched:".
-#   * The file's header imports are kept where the kept tests use them.
+#   * The file's imports are kept, but for test/utils/common.py (not shipped with Horovod's
+#     package): its one helper these tests use, `temppath`, is copied below instead. The
+#     file's environment (HOROVOD_TIMELINE=DYNAMIC, HOROVOD_DYNAMIC_PROCESS_SETS=1) is kept.
 # Run on every rank under `horovodrun -np 2 --gloo` by run_horovod_tests.py, launched from
 # test_horovod_compat.py. The file name does not start with "test_" so that the normal suite
 # does not collect it outside horovodrun.

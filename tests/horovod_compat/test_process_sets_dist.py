@@ -31,7 +31,8 @@ def _reference(ranks: list[int]) -> list[torch.Tensor]:
             model.zero_grad()
             x, y = _data(rank, step)
             torch.nn.functional.mse_loss(model(x), y).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
+            grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                          for p in model.parameters()])
         for p, *per_rank in zip(model.parameters(), *grads, strict=True):
             p.grad = torch.stack(per_rank).mean(dim=0)
         opt.step()
