@@ -53,6 +53,9 @@ class EngineHandle:
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
         self.specs = specs
         self.engine_id = _next_engine_id(world)
+        # A world of one (a lone process, or a rank outside its optimizer's process set) waits
+        # for nobody: its progress says nothing to the other ranks' heartbeats.
+        self.has_peers = world.size > 1
         # Rounds of wait(): one per iteration for K-FAC's exchanges. A session passes its own
         # iteration counter instead, so that the heartbeats report the one the user sees.
         self.rounds = 0

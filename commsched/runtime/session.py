@@ -132,9 +132,9 @@ class Session:
         # this finalizer then stops the engine's threads and destroys its groups. close() runs it
         # at once. Only the thread that wrapped releases: one elsewhere (a garbage collection
         # in a heartbeat thread) leaves it to the next wrap or commsched.shutdown().
-        self._release = weakref.finalize(
-            optimizer, _release, _Resources(self.engine, self.sparse, self._hooks,
-                                            threading.get_ident()))
+        self._resources = _Resources(self.engine, self.sparse, self._hooks,
+                                     threading.get_ident())
+        self._release = weakref.finalize(optimizer, _release, self._resources)
         self._release.atexit = False  # at exit commsched.shutdown() stops what is left
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
@@ -334,6 +334,7 @@ class Session:
         route's) and removes its hooks and the runner's module hooks. Updates still deferred
         are dropped (call flush() first to keep them): close() also serves after a failed
         collective, when nothing can be waited for any more."""
+        self._resources.owner = threading.get_ident()  # an explicit call releases at once
         self._release()
         if self.runner is not None:
             self.runner.remove()

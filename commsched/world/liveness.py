@@ -90,7 +90,8 @@ class Liveness:
     def _state(self) -> dict[str, Any]:
         engines = {}
         for engine in self._engines():
-            engines[str(engine.engine_id)] = engine.progress()
+            if engine.has_peers:
+                engines[str(engine.engine_id)] = engine.progress()
         state: dict[str, Any] = {"beat": self._beat, "engines": engines, "left": False}
         now = registry.activity.now
         if now is not None:

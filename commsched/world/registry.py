@@ -17,6 +17,7 @@ class Participant(Protocol):
     it."""
 
     engine_id: str
+    has_peers: bool  # False in a world of one: nothing to publish
 
     def progress(self) -> dict[str, Any]: ...
 
