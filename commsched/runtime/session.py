@@ -210,10 +210,14 @@ class Session:
         which parameters are sparse) is reduced dense, as Horovod's sparse_as_dense does, and
         handed back sparse after the reduction (`_resparsify`), so that optimizers that take
         only sparse gradients (SparseAdam) still work. Every rank reduces the same dense
-        block whatever it holds; rows no rank touched are left out of the sparse result."""
+        block whatever it holds; rows no rank touched are left out of the sparse result.
+        A wrapper with an overlap runner (the overlap policies and `auto`, given model=) keeps
+        it dense: the runner applies deferred updates from the dense reduced gradients, and
+        one optimizer state (SGD's momentum buffer) must not see both kinds."""
         assert param.grad is not None
         param.grad = param.grad.to_dense()
-        self._densified.add(tensor_id)
+        if self.runner is None:
+            self._densified.add(tensor_id)
 
     def _resparsify(self) -> None:
         for tensor_id in self._densified:
