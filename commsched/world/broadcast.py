@@ -43,10 +43,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     had none keep the zeros, as with Horovod. `model` (Horovod's argument) marks the
     parameters of sparse embeddings, whose zero gradients are then sparse."""
     w = init()
+    if not optimizer.state and not isinstance(optimizer, torch.optim.LBFGS):
+        _initialise_state(optimizer, model)  # also alone, as Horovod: the state then exists
     if w.size == 1:
         return
-    if not optimizer.state and not isinstance(optimizer, torch.optim.LBFGS):
-        _initialise_state(optimizer, model)
     state = w.broadcast_object(optimizer.state_dict() if w.rank == root_rank else None,
                                root=root_rank)
     if w.rank != root_rank:
