@@ -38,17 +38,18 @@ def test_process_set_arguments() -> None:
 def test_broadcast_optimizer_state_fills_a_fresh_state_without_moving_anything(
         momentum: float) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    first, second = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)
+    model = torch.nn.Sequential(first, second)
     opt = commsched.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, weight_decay=0.1),
         named_parameters=model.named_parameters())
     before = [p.detach().clone() for p in model.parameters()]
-    model[0].weight.grad = torch.ones_like(model[0].weight)  # a gradient that must survive
+    first.weight.grad = torch.ones_like(first.weight)  # a gradient that must survive
     commsched.broadcast_optimizer_state(opt, root_rank=0)
     for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, b)  # weight decay on a zero gradient would have moved them
-    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
-    assert model[1].weight.grad is not None and not model[1].weight.grad.any()  # as Horovod
+    assert torch.equal(first.weight.grad, torch.ones_like(first.weight))
+    assert second.weight.grad is not None and not second.weight.grad.any()  # as Horovod
     if momentum:
         assert len(opt.state) == 4 and all("momentum_buffer" in s for s in opt.state.values())
 
