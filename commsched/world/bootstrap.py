@@ -72,8 +72,8 @@ class World:
         backend = dist.get_backend(self.process_group)
         if self.members is not None:
             return groups.subgroup(self.members, backend, self.timeout)
-        return dist.new_group(ranks=list(range(self.size)), backend=backend,
-                              timeout=datetime.timedelta(seconds=self.timeout))
+        return groups.track(dist.new_group(ranks=list(range(self.size)), backend=backend,
+                                           timeout=datetime.timedelta(seconds=self.timeout)))
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.size == 1:

@@ -16,14 +16,39 @@ without it fails here with a clear error, at wrap time.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import datetime
 import itertools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 
 _made: dict[tuple[int, ...], Iterator[int]] = {}
+_alive: weakref.WeakSet[Any] = weakref.WeakSet()  # every group commsched made, while it lives
+
+
+def track(group: Any) -> Any:
+    """Registers a group commsched made (see Note [groups at exit]); returns it."""
+    if group is not None:
+        _alive.add(group)
+    return group
+
+
+def _keep_alive_at_exit() -> None:
+    """Note [groups at exit]: a Gloo group's destructor joins its worker threads, and one may
+    sit in a collective waiting for a peer that never comes (a stuck rank: the very failure the
+    job is exiting with) until the group's timeout, minutes. At interpreter exit the groups of
+    optimizers still alive would be destroyed as the interpreter clears its objects; the process
+    is ending and the OS reclaims everything, so each gets one reference that is never dropped.
+    (A dropped optimizer's group is destroyed as soon as it goes, by its session's release.)"""
+    for group in list(_alive):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
+atexit.register(_keep_alive_at_exit)
 
 
 def subgroup(members: tuple[int, ...], backend: str, timeout: float) -> Any:
@@ -46,7 +71,7 @@ def subgroup(members: tuple[int, ...], backend: str, timeout: float) -> Any:
                   timeout=datetime.timedelta(seconds=timeout))
     group = made[0] if isinstance(made, tuple) else made
     c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(members)}
-    return group
+    return track(group)
 
 
 def forget() -> None:
