@@ -11,9 +11,6 @@ from .ops import Adasum, Average, ReduceOp, Sum
 from .optimizer import DistributedOptimizer
 from .world import MismatchError, RankFailureError, StallWarning
 from .world.bootstrap import (
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
     init,
     is_initialized,
     local_rank,
@@ -21,6 +18,7 @@ from .world.bootstrap import (
     shutdown,
     size,
 )
+from .world.broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 __version__ = "0.1.0"
 

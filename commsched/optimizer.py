@@ -51,6 +51,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self.session.plan
 
     @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Horovod's private {parameter: name} map, which Horovod's own tests read (with no
+        named_parameters, generated names, unique and equal on every rank)."""
+        return dict(self.session.names)
+
+    @property
     def auto(self) -> AutoState | None:
         """What policy 'auto' chose and how its prediction held up (None for other policies)."""
         return self.session.lifecycle.auto
@@ -97,6 +103,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_synchronized = False
         return session.update(lambda: super(_DistributedOptimizer, self).step(closure), closure)
 
+    def _cs_local_step(self) -> Any:
+        """The user optimizer's own step, with no reduction (see Note [local step] in
+        commsched.world.broadcast): only the calling rank runs it."""
+        return super().step()
+
     def state_dict(self) -> dict[str, Any]:
         """torch's state plus a ``commsched`` entry (plan, iteration, pending profiling), which
         a plain torch optimizer ignores when it loads this."""
@@ -140,11 +151,14 @@ def DistributedOptimizer(  # Horovod's name: called like a class
         num_groups: int = 0,
         groups: Any = None,
         sparse_as_dense: bool = False,
+        process_set: Any = None,
         model: torch.nn.Module | None = None,
         policy: str | None = None,
         **knobs: Any) -> _DistributedOptimizer:
     """Wraps `optimizer` so that gradients are averaged across ranks by commsched's engine.
 
+    `process_set` (Horovod's, since 0.23): an ``hvd.ProcessSet`` or a list of global ranks;
+    gradients are averaged within it only, and a rank outside it steps on its own gradients.
     Keyword arguments beyond Horovod's override any knob (see commsched.config.KNOBS).
     ``compression`` defaults to what COMMSCHED_COMPRESSION names (``none`` unless set).
     """
@@ -169,6 +183,6 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     cast, lossy = split(from_config(config) if compression is None else resolve(compression))
     options = WrapOptions(cast, backward_passes_per_step, reduce_op,
                           float(gradient_predivide_factor), group_of, sparse_as_dense, model,
-                          lossy)
+                          lossy=lossy, process_set=process_set)
     wrapped._cs_setup(Session(wrapped, optimizer.__class__, named, options, config))
     return wrapped

@@ -15,6 +15,7 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,14 +30,14 @@ class HyperParameterSnapshots:
     it are refreshed with every snapshot."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self._optimizer = optimizer
+        self._optimizer = _WeakOptimizer(optimizer)
         self.groups: list[dict[str, Any]] = []
         self._views: list[ParamGroupView] = []
         self.take()
 
     def take(self) -> None:
         self.groups = [{k: v for k, v in g.items() if k != "params"}
-                       for g in self._optimizer.param_groups]
+                       for g in self._optimizer().param_groups]
         for view in self._views:
             view.refresh(self.groups[view.index])
 
@@ -119,6 +120,23 @@ def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Opt
     return sub
 
 
+class _WeakOptimizer:
+    """The user's (wrapped) optimizer, held weakly: it holds its session, which holds this, and
+    a strong reference back would keep a dropped optimizer, and its engine's threads, alive until
+    a garbage collection (see Note [a dropped optimizer releases its engine] in session.py)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._ref = weakref.ref(optimizer)
+
+    def __call__(self) -> torch.optim.Optimizer:
+        optimizer = self._ref()
+        if optimizer is None:
+            raise RuntimeError("commsched: the wrapped optimizer is gone")
+        return optimizer
+
+
 class DeferredUpdates:
     """Steps subsets of the user's parameters with the user's optimizer, later than step().
 
@@ -128,7 +146,7 @@ class DeferredUpdates:
 
     def __init__(self, base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer) -> None:
         self._base_cls = base_cls
-        self._user = user
+        self._user_ref = _WeakOptimizer(user)
         self._snapshots = HyperParameterSnapshots(user)
         self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         # torch wraps every optimizer class's step with profiler spans and the step hooks; the
@@ -140,6 +158,10 @@ class DeferredUpdates:
         # norm or sum over every parameter (LAMB, D-Adaptation), and GradScaler hands a fused
         # optimizer its scale for one whole step only.
         self.splittable = base_cls.__module__.startswith("torch.optim")
+
+    @property
+    def _user(self) -> torch.optim.Optimizer:
+        return self._user_ref()
 
     def invalidate(self) -> None:
         """Drops every cached sub-optimizer: after the user's optimizer loaded a state_dict (its

@@ -18,7 +18,16 @@ from ..world.errors import without_backtrace
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
-_engine_ids = itertools.count()
+# Per process set (None: the whole world): ranks outside a set make none of its engines.
+_engine_ids: dict[tuple[int, ...] | None, itertools.count] = {}
+
+
+def _next_engine_id(world: World) -> str:
+    """Equal on every rank of `world`, since every one of them wraps in the same order."""
+    number = next(_engine_ids.setdefault(world.members, itertools.count()))
+    if world.members is None:
+        return str(number)
+    return f"{number}@ranks {','.join(map(str, world.members))}"
 
 
 def check_collective_codes() -> None:
@@ -48,7 +57,10 @@ class EngineHandle:
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,
                  timeline: str = "", iteration: Callable[[], int] | None = None) -> None:
         self.specs = specs
-        self.engine_id = next(_engine_ids)  # wrap order is the same on every rank
+        self.engine_id = _next_engine_id(world)
+        # A world of one (a lone process, or a rank outside its optimizer's process set) waits
+        # for nobody: its progress says nothing to the other ranks' heartbeats.
+        self.has_peers = world.size > 1
         # Rounds of wait(): one per iteration for K-FAC's exchanges. A session passes its own
         # iteration counter instead, so that the heartbeats report the one the user sees.
         self.rounds = 0
@@ -68,6 +80,7 @@ class EngineHandle:
         # Gloo's reduce-scatter costs about a whole all-reduce: the engine rings its own there
         # (Note [Why the engine rings its own reduce-scatter], csrc/ring.h).
         ring = self._group is not None and dist.get_backend(self._group) == "gloo"
+        self._closed = False
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms,
                                  ring_collectives=ring)
         # Called once per gradient: the extension's own method, no Python frame in between.
@@ -76,7 +89,6 @@ class EngineHandle:
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)
-        self._closed = False
         registry.register(self)
 
     @property
@@ -136,7 +148,8 @@ class EngineHandle:
             return call(*args)
         except RuntimeError as err:
             liveness = getattr(self._world, "liveness", None)
-            verdict = liveness.diagnose().text if liveness is not None else ""
+            verdict = (liveness.diagnose(ranks=self._world.members).text
+                       if liveness is not None else "")
             text = without_backtrace(err)
             raise self._world.fail(f"{verdict}: {text}" if verdict else text) from err
         finally:
@@ -179,8 +192,11 @@ class EngineHandle:
             self.timeline.mark(name)
 
     def shutdown(self) -> None:
+        """Stops the engine's threads and destroys its group; a second call does nothing (an
+        elastic re-form stops every engine before their sessions rebind, and a session's release
+        and commsched.shutdown() may both come)."""
         if self._closed:
-            return  # an elastic re-form stops every engine before their sessions rebind
+            return
         self._closed = True
         self._engine.shutdown()
         group, self._group = self._group, None

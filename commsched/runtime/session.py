@@ -15,7 +15,9 @@ DistributedOptimizer keeps Horovod's surface and delegates everything else here.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +32,14 @@ from ..outputs import prepare_file
 from ..plan import Plan, TensorSpec, dtype_name
 from ..world import World, bootstrap, check_identical, parameter_signature, registry
 from ..world.errors import elastic
+from ..world.process_sets import world_for
 from .clock import StepClock
 from .compressed import CompressedGradients, check_compression_allowed
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
-from .sparse import SparseExchange, sparse_parameter_ids, unrouted_sparse_error
+from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
@@ -59,6 +62,7 @@ class WrapOptions:
     sparse_as_dense: bool
     model: Any
     lossy: LossyCompression | None = None  # PowerSGD or top-k (commsched.runtime.compressed)
+    process_set: Any = None  # Horovod's: an hvd.ProcessSet or a list of ranks; None: every rank
 
 
 def make_specs(named: Sequence[tuple[str, torch.Tensor]],
@@ -86,6 +90,7 @@ class Session:
     def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                  named: list[tuple[str, torch.Tensor]], options: WrapOptions,
                  config: Config) -> None:
+        _release_orphans()
         self.config = config
         self.options = options
         self.elastic = elastic()
@@ -94,6 +99,9 @@ class Session:
                              "next forward pass, which an elastic Horovod job cannot restore "
                              "after losing a worker; use a synchronous policy (horovod, ddp, "
                              "mgwfbp, or auto, which then chooses among them)")
+        if self.elastic and options.process_set is not None:
+            raise ValueError("commsched: process_set= in an elastic Horovod job is not supported: "
+                             "its ranks are re-numbered when the world is re-formed")
         if self.elastic and options.lossy is not None:
             raise ValueError("commsched: PowerSGD and top-k keep per-rank error-feedback state "
                              "that an elastic Horovod job cannot re-form after losing a worker; "
@@ -101,6 +109,10 @@ class Session:
         self.iteration = 0
         self.passes = options.backward_passes_per_step
         self._base_cls = base_cls
+        self.names = {p: n for n, p in named}
+        # Gradients that arrived sparse on a dense-planned parameter this iteration: reduced
+        # dense, handed back sparse (Note [sparse gradients without a route]).
+        self._densified: set[int] = set()
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
         self._routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
         tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
@@ -115,6 +127,15 @@ class Session:
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.runner: OverlapRunner | None = None
         self.compressed: CompressedGradients | None = None
+        # Note [a dropped optimizer releases its engine]: nothing the engine, the hooks or the
+        # groups hold refers back to the optimizer or this session (the hooks and the engine's
+        # iteration read them through weak references), so a dropped wrapper is collected, and
+        # this finalizer then stops the engine's threads and destroys its groups. close() runs it
+        # at once. Only the thread that wrapped releases: one elsewhere (a garbage collection
+        # in a heartbeat thread) leaves it to the next wrap or commsched.shutdown().
+        self._resources = _Resources(None, None, [], threading.get_ident())
+        self._release = weakref.finalize(optimizer, _release, self._resources)
+        self._release.atexit = False  # at exit commsched.shutdown() stops what is left
         self._bound = False  # whether engine, plan and world exist (see _bind)
         if not self.elastic:
             self._bind()
@@ -125,13 +146,15 @@ class Session:
         self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, (_, p) in enumerate(self._routed)]
+        self._resources.hooks = self._hooks
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _bind(self) -> None:
         """Everything that needs the world: the checks across ranks, the engine and its first
         plan. All ranks call it together (at wrap time, or at the same step of an elastic job)."""
         config, options = self.config, self.options
-        self.world = bootstrap.current(config.timeout, config.stall_warning)
+        self.world = world_for(bootstrap.current(config.timeout, config.stall_warning),
+                               options.process_set)
         # Output files are checked before any group or engine exists (nothing to undo).
         if config.profile and self.world.rank == 0:  # rank 0 writes it at the re-plan
             prepare_file(config.profile, "COMMSCHED_PROFILE")
@@ -144,8 +167,10 @@ class Session:
         if options.lossy is not None:  # before any group or engine exists (nothing to undo)
             check_compression_allowed(config.policy, options.lossy)
         self.sparse = SparseExchange(self.world, self._routed, options.op, self.passes)
+        this = weakref.ref(self)  # the engine must not keep the session (and the optimizer) alive
         self.engine = EngineHandle(self.world, self.specs + wire, config.timeout, config.timeline,
-                                   iteration=lambda: self.iteration)
+                                   iteration=lambda: getattr(this(), "iteration", 0))
+        self._resources.engine, self._resources.sparse = self.engine, self.sparse
         self._mark_ready = self.engine.mark_ready
         self.runner = self._make_runner(self._base_cls)
         self.clock = StepClock(self.engine)
@@ -218,7 +243,8 @@ class Session:
                     "backward_passes_per_step": o.backward_passes_per_step,
                     "gradient_predivide_factor": o.predivide,
                     "groups": [s.group for s in self.specs],
-                    "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed]}
+                    "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed],
+                    "process_set": self.world.members}
         check_identical(self.world, "commsched settings", sorted(settings.items()))
 
     def _make_runner(self, base_cls: type) -> OverlapRunner | None:
@@ -262,24 +288,26 @@ class Session:
         self.clock.first_gradient()
 
     def _gradient_hook(self, tensor_id: int):
+        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
+
         def hook(param: torch.Tensor) -> None:
-            if not self._gradients_started:
-                self._first_gradient()
-            remaining = self._delay[tensor_id]
+            session = this()
+            if session is None:
+                return
+            if not session._gradients_started:
+                session._first_gradient()
+            remaining = session._delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
             if param.grad is None:
                 return
             if param.grad.is_sparse:
-                if not self.options.sparse_as_dense:
-                    raise unrouted_sparse_error(self.specs[tensor_id].name,
-                                                self.options.model is not None)
-                param.grad = param.grad.to_dense()
-            self._delay[tensor_id] = remaining - 1
-            self._handed += 1
+                session._densify(tensor_id, param)
+            session._delay[tensor_id] = remaining - 1
+            session._handed += 1
             if remaining == 1:
-                self._marked += 1
-                self._mark_ready(tensor_id, _dense_layout(param))
+                session._marked += 1
+                session._mark_ready(tensor_id, _dense_layout(param))
         return hook
 
     def _compressed_hook(self, tensor_id: int):
@@ -289,27 +317,28 @@ class Session:
         compressed = self.compressed
         assert compressed is not None
         index = compressed.ids.index(tensor_id)
+        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
 
         def hook(param: torch.Tensor) -> None:
             if not compressed.on:
                 plain(param)
                 return
-            if not self._gradients_started:
-                self._first_gradient()
-            remaining = self._delay[tensor_id]
+            session = this()
+            if session is None:
+                return
+            if not session._gradients_started:
+                session._first_gradient()
+            remaining = session._delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
             if param.grad is None:
                 return
             if param.grad.is_sparse:
-                if not self.options.sparse_as_dense:
-                    raise unrouted_sparse_error(self.specs[tensor_id].name,
-                                                self.options.model is not None)
-                param.grad = param.grad.to_dense()
-            self._delay[tensor_id] = remaining - 1
-            self._handed += 1
+                session._densify(tensor_id, param)
+            session._delay[tensor_id] = remaining - 1
+            session._handed += 1
             if remaining == 1:
-                self._marked += 1
+                session._marked += 1
                 compressed.hand_over(index, _dense_layout(param))
         return hook
 
@@ -333,12 +362,39 @@ class Session:
             compressed.on = True
             self.lifecycle.wire = compressed.layout
 
+    def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
+        """Note [sparse gradients without a route]: a sparse gradient of a parameter the plan
+        holds as dense (sparse_as_dense=True, or no model= to tell commsched before training
+        which parameters are sparse) is reduced dense, as Horovod's sparse_as_dense does, and
+        handed back sparse after the reduction (`_resparsify`), so that optimizers that take
+        only sparse gradients (SparseAdam) still work. Every rank reduces the same dense
+        block whatever it holds; rows no rank touched are left out of the sparse result.
+        A wrapper with an overlap runner (the overlap policies and `auto`, given model=) keeps
+        it dense: the runner applies deferred updates from the dense reduced gradients, and
+        one optimizer state (SGD's momentum buffer) must not see both kinds."""
+        assert param.grad is not None
+        param.grad = param.grad.to_dense()
+        if self.runner is None:
+            self._densified.add(tensor_id)
+
+    def _resparsify(self) -> None:
+        for tensor_id in self._densified:
+            param = self.params[tensor_id]
+            if param.grad is not None and not param.grad.is_sparse:
+                param.grad = param.grad.to_sparse(1)
+        self._densified.clear()
+
     def _sparse_hook(self, index: int):
+        this = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
+            session = this()
+            if session is None:
+                return
             # The gradient stays in p.grad until the exchange at synchronize()/step().
-            if not self._gradients_started:
-                self._first_gradient()
-            delay = self.sparse.delay
+            if not session._gradients_started:
+                session._first_gradient()
+            delay = session.sparse.delay
             if delay[index] <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
             if param.grad is not None:
@@ -372,7 +428,7 @@ class Session:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             elif param.grad.is_sparse:
-                param.grad = param.grad.to_dense()
+                self._densify(tensor_id, param)
             self.engine.mark_ready(tensor_id, _dense_layout(param))
 
     def synchronize(self) -> None:
@@ -399,6 +455,8 @@ class Session:
             compressed.finish(self._lossy_scale)
             self.engine.span("decompress", started)
             self.engine.profiler.note("compression_s", compressed.take_busy_s())
+        if self._densified:
+            self._resparsify()
         self._end_iteration()
 
     def step_deferred(self) -> None:
@@ -456,16 +514,49 @@ class Session:
         return self.lifecycle.profile_document()
 
     def close(self) -> None:
-        """Stops this session's engine and removes its hooks and the runner's module hooks.
-        Updates still deferred are dropped (call flush() first to keep them): close() also
-        serves after a failed collective, when nothing can be waited for any more."""
-        if self._bound:
-            self.engine.shutdown()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        """Stops this session's engine, destroys its groups (the engine's and the sparse
+        route's) and removes its hooks and the runner's module hooks. Updates still deferred
+        are dropped (call flush() first to keep them): close() also serves after a failed
+        collective, when nothing can be waited for any more."""
+        self._resources.owner = threading.get_ident()  # an explicit call releases at once
+        self._release()
         if self.runner is not None:
             self.runner.remove()
+
+
+@dataclass
+class _Resources:
+    """What a session holds that outlives it unless released: the engine (its threads and
+    group), the sparse route's group and the gradient hooks; and the thread that may release
+    them. Nothing here refers to the session or the optimizer."""
+
+    engine: EngineHandle | None  # None until the session binds (Note [Elastic Horovod])
+    sparse: SparseExchange | None
+    hooks: list[Any]
+    owner: int
+
+
+_orphans: list[_Resources] = []  # collected in another thread, released by the next wrap
+
+
+def _release(resources: _Resources) -> None:
+    if threading.get_ident() != resources.owner:
+        _orphans.append(resources)
+        return
+    for handle in resources.hooks:
+        handle.remove()
+    resources.hooks.clear()
+    if resources.engine is not None:
+        resources.engine.shutdown()
+    if resources.sparse is not None:
+        resources.sparse.close()
+
+
+def _release_orphans() -> None:
+    while _orphans:
+        resources = _orphans.pop()
+        resources.owner = threading.get_ident()
+        _release(resources)
 
 
 def _dense_layout(param: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,15 @@ every rank's collectives in the same order:
 
 Sizes differ across ranks, so the row counts are all-gathered first and every rank pads to the
 largest; every wait is bounded by the group's timeout.
+
+Without ``model=`` nothing tells commsched before training which parameters are sparse: their
+gradients are then reduced dense and handed back sparse (runtime.session, Note [sparse gradients
+without a route]), as Horovod's ``sparse_as_dense=True`` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from typing import Any
@@ -32,11 +37,6 @@ from ..world import World, registry
 from ..world.errors import without_backtrace
 from .deferred import DeferredUpdates
 
-NEEDS_ROUTE = ("pass sparse_as_dense=True to DistributedOptimizer, or pass model=model so that "
-               "commsched knows before training which parameters have sparse gradients "
-               "(those of modules with sparse=True, such as nn.Embedding(..., sparse=True)) and "
-               "all-gathers them as Horovod does")
-
 
 def sparse_parameter_ids(model: Any, sparse_as_dense: bool) -> set[int]:
     """id() of every parameter owned by a module that declares ``sparse=True``."""
@@ -44,12 +44,6 @@ def sparse_parameter_ids(model: Any, sparse_as_dense: bool) -> set[int]:
         return set()
     return {id(p) for m in model.modules() if getattr(m, "sparse", False) is True
             for p in m.parameters(recurse=False)}
-
-
-def unrouted_sparse_error(name: str, model_given: bool) -> ValueError:
-    where = ("it does not belong to a module with sparse=True, so commsched planned it as dense; "
-             if model_given else "")
-    return ValueError(f"commsched: parameter '{name}' has a sparse gradient; {where}{NEEDS_ROUTE}")
 
 
 def _row_sparse(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
@@ -81,6 +75,15 @@ class SparseExchange:
         self._group = world.new_data_group() if named and world.size > 1 else None
         self.delay = [passes] * len(named)
 
+    def close(self) -> None:
+        """Destroys the route's group (a second call, or one after commsched.shutdown()
+        destroyed every group, does nothing)."""
+        group, self._group = self._group, None
+        if group is None or not dist.is_initialized():
+            return
+        with contextlib.suppress(ValueError):  # already gone with the world it belonged to
+            dist.destroy_process_group(group)
+
     def __len__(self) -> int:
         return len(self.params)
 
@@ -102,7 +105,8 @@ class SparseExchange:
             work.wait(self._timeout)
         except RuntimeError as err:
             liveness = getattr(self._world, "liveness", None)
-            verdict = liveness.diagnose().text if liveness is not None else ""
+            verdict = (liveness.diagnose(ranks=self._world.members).text
+                       if liveness is not None else "")
             raise self._world.fail(f"{verdict + ': ' if verdict else ''}commsched: all-gather "
                                    f"of sparse gradient {what} failed: {without_backtrace(err)}"
                                    ) from err

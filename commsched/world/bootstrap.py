@@ -16,14 +16,14 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..config import load_config
-from . import registry
+from . import groups, registry
 from .errors import RankFailureError, elastic, failure_type, without_backtrace
 
 log = logging.getLogger("commsched")
@@ -50,6 +50,14 @@ class World:
     liveness: Any = None
     generation: int = 0  # how many worlds this process formed before (elastic re-forming)
     broken: bool = False  # a collective failed: an elastic job re-forms the world
+    # A process set's view of the world (world.process_sets): the global ranks of its members,
+    # `rank` and `size` being within the set; None for the whole world.
+    members: tuple[int, ...] | None = None
+    subsets: dict[tuple[int, ...], World] = field(default_factory=dict)  # views made so far
+
+    def global_rank(self, rank: int) -> int:
+        """The global rank of this world's `rank` (itself for the whole world)."""
+        return rank if self.members is None else self.members[rank]
 
     def fail(self, text: str) -> RankFailureError:
         """The error for a failed collective of this world; marks the world broken (an elastic
@@ -80,14 +88,17 @@ class World:
         the next iteration."""
         if self.size == 1:
             return None
-        return dist.new_group(ranks=list(range(self.size)), backend=dist.get_backend(
-            self.process_group), timeout=datetime.timedelta(seconds=self.timeout))
+        backend = dist.get_backend(self.process_group)
+        if self.members is not None:
+            return groups.subgroup(self.members, backend, self.timeout)
+        return groups.track(dist.new_group(ranks=list(range(self.size)), backend=backend,
+                                           timeout=datetime.timedelta(seconds=self.timeout)))
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.size == 1:
             return obj
         box = [obj if self.rank == root else None]
-        self._control(dist.broadcast_object_list, box, src=root)
+        self._control(dist.broadcast_object_list, box, src=self.global_rank(root))
         return box[0]
 
 
@@ -271,6 +282,7 @@ def shutdown() -> None:
     """Stops every engine and tears down the process group commsched created."""
     global _world
     registry.shutdown_all()
+    groups.forget()
     if _world is None:
         return
     if _world.liveness is not None:
@@ -362,30 +374,3 @@ def size() -> int:
 
 def local_rank() -> int:
     return world().local_rank
-
-
-def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
-    """Copies parameters (a state_dict, a dict, or (name, tensor) pairs) from `root_rank`."""
-    w = world()
-    items = sorted(params.items()) if isinstance(params, dict) else list(params)
-    if w.size == 1:
-        return
-    for name, tensor in items:
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {name!r} is not a tensor")
-        dist.broadcast(tensor.data, src=root_rank, group=w.process_group)
-
-
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    """Makes every rank's optimizer state and hyper-parameters equal to `root_rank`'s."""
-    w = world()
-    if w.size == 1:
-        return
-    state = w.broadcast_object(optimizer.state_dict() if w.rank == root_rank else None,
-                               root=root_rank)
-    if w.rank != root_rank:
-        optimizer.load_state_dict(state)
-
-
-def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
-    return world().broadcast_object(obj, root=root_rank)

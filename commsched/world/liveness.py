@@ -91,7 +91,8 @@ class Liveness:
     def _state(self) -> dict[str, Any]:
         engines = {}
         for engine in self._engines():
-            engines[str(engine.engine_id)] = engine.progress()
+            if engine.has_peers:
+                engines[str(engine.engine_id)] = engine.progress()
         state: dict[str, Any] = {"beat": self._beat, "engines": engines, "left": False}
         now = registry.activity.now
         if now is not None:
@@ -127,10 +128,12 @@ class Liveness:
 
     # -- failure diagnosis --------------------------------------------------------------------
 
-    def diagnose(self, window: float = WINDOW) -> Diagnosis:
+    def diagnose(self, window: float = WINDOW,
+                 ranks: tuple[int, ...] | None = None) -> Diagnosis:
         """Which ranks hold this one up and how, from the heartbeats of `window` seconds (bounded
         by about window + 3 store timeouts when the store is gone); the store being unreachable
-        is reported as such."""
+        is reported as such. `ranks`: a process set's members, the only ranks that can hold up
+        its collectives (None: every rank)."""
         try:
             before = self._read_all()
             time.sleep(window)
@@ -140,6 +143,8 @@ class Liveness:
                                  "rank or launcher hosting it (rank 0 under horovodrun) may be "
                                  "gone")
         after[self.rank] = self._state()  # this rank as it is now, not as last published
+        if ranks is not None:
+            after = {r: s for r, s in after.items() if r in ranks}
         return classify(after, me=self.rank, before=before, window=window)
 
     # -- stall inspector (rank 0) ---------------------------------------------------------------

@@ -12,10 +12,12 @@ from typing import Any, Protocol
 
 
 class Participant(Protocol):
-    """What the world needs of an engine: an id equal on every rank, its progress for the
-    heartbeats, and a way to stop it."""
+    """What the world needs of an engine: an id equal on every rank that runs it (a process
+    set's engines carry the set in theirs), its progress for the heartbeats, and a way to stop
+    it."""
 
-    engine_id: int
+    engine_id: str
+    has_peers: bool  # False in a world of one: nothing to publish
 
     def progress(self) -> dict[str, Any]: ...
 
@@ -49,7 +51,7 @@ def unregister(participant: Participant) -> None:
 
 
 def participants() -> list[Participant]:
-    return sorted(_live, key=lambda p: p.engine_id)
+    return sorted(_live, key=lambda p: (len(p.engine_id), p.engine_id))
 
 
 def shutdown_all() -> None:

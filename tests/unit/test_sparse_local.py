@@ -1,5 +1,5 @@
-"""Sparse gradients without sparse_as_dense in a world of one: routed by model=, refused with both
-remedies named without it. Across ranks: tests/dist/test_sparse_dist.py and the Horovod parity
+"""Sparse gradients in a world of one: routed by model=, or without it reduced dense and handed
+back sparse. Across ranks: tests/dist/test_sparse_dist.py and the Horovod parity
 job tests/e2e/edge_cases_job.py."""
 
 from __future__ import annotations
@@ -11,13 +11,25 @@ from torch import nn
 import commsched
 
 
-def test_sparse_gradient_without_model_names_both_remedies() -> None:
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradient_without_model_is_reduced_dense_and_handed_back_sparse(
+        sparse_as_dense: bool) -> None:
+    """Horovod's signature has no model=: the gradient is reduced dense and the optimizer gets
+    it sparse again, so SparseAdam works (Horovod's test_sparse_embeddings, with both values)."""
+    torch.manual_seed(0)
     emb = nn.Embedding(10, 3, sparse=True)
-    commsched.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
-                                   named_parameters=emb.named_parameters())
-    with pytest.raises(ValueError, match="'weight' has a sparse gradient.*sparse_as_dense=True.*"
-                                         "model=model"):
-        emb(torch.tensor([1, 2])).sum().backward()
+    twin = nn.Embedding(10, 3, sparse=True)
+    twin.load_state_dict(emb.state_dict())
+    opt = commsched.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                         sparse_as_dense=sparse_as_dense)
+    plain = torch.optim.SparseAdam(list(twin.parameters()), lr=0.1)
+    for m, o in ((emb, opt), (twin, plain)):
+        o.zero_grad()
+        m(torch.tensor([[1, 2, 4], [4, 3, 9]])).sum().backward()
+        o.step()
+        grad = m.weight.grad
+        assert isinstance(grad, torch.Tensor) and grad.is_sparse
+    assert torch.equal(emb.weight, twin.weight)
 
 
 @pytest.mark.parametrize("policy", ["horovod", "dear"])
