@@ -153,8 +153,8 @@ def _wire_records(run: RunProfile, layout: WireLayout,
     Q or a gathered tensor when the last compressed gradient is (their blocks wait for the
     compute anyway, see the Note)."""
     ready = {t.tensor_id: t.ready_time_s for t in run.tensors}
-    known = [ready[i] for i in compressed if ready[i] is not None]
-    last = max(known, default=None)
+    known = [at for i in compressed if (at := ready[i]) is not None]
+    last = max(known) if known else None
     rows = []
     for spec in layout.early + layout.late + layout.gathered:
         source = layout.source.get(spec.tensor_id)

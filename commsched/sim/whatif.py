@@ -15,8 +15,8 @@ from functools import partial
 
 from ..compression import LossyCompression
 from ..config import Config, Policy
-from .network import Algorithm, FittedNetwork, LinkNetwork, Network
 from .compressed import compress_run
+from .network import Algorithm, FittedNetwork, LinkNetwork, Network
 from .profile import RunProfile
 from .rank import PlanCache, Ranked, evaluate, mode_of
 from .simulator import SimResult, simulate
