@@ -8,8 +8,8 @@ from typing import Any
 
 from ..config import Config, Policy, load_config
 from ..plan import NetModel, Plan, TensorSpec, make_plan
-from .network import Network
 from .compressed import CompressedRun
+from .network import Network
 from .overlap import with_update_groups
 from .profile import RunProfile, ready_profile, specs_from_profile
 from .simulator import CompressorCompute, Mode, SimResult, simulate
