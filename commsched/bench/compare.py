@@ -30,6 +30,7 @@ from ..torch_compat import ddp_kwargs
 from .compression_speed import (
     HVD_FP16,
     candidate_bytes,
+    lossy_of,
     parse_ddp_powersgd,
     register_ddp_powersgd,
     split_compression,
@@ -222,8 +223,10 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
         if auto is not None:
             verdict = (cand.name, auto.summary())
             policy = auto.chosen.policy
+        lossy = lossy_of(parse_candidate(cand.name)[1])
+        shapes = {n: tuple(p.shape) for n, p in cand.model.named_parameters()}
         predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(),
-                                          cand.optimizer.plan, policy)
+                                          cand.optimizer.plan, policy, lossy, shapes)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 

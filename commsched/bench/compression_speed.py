@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import nn
 
-from ..compression import from_config
+from ..compression import LossyCompression, PowerSGD, TopK, from_config
 from ..config import load_config
 from ..plan import Collective, Plan
 from ..sim.network import ring_wire_bytes
@@ -110,6 +110,12 @@ def split_compression(knobs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if not chosen:
         return None, rest
     return from_config(load_config(chosen, environ={})), rest
+
+
+def lossy_of(knobs: dict[str, Any]) -> LossyCompression | None:
+    """The lossy compressor a commsched candidate's knobs name (None: none, or a cast)."""
+    compression, _ = split_compression(knobs)
+    return compression if isinstance(compression, (PowerSGD, TopK)) else None
 
 
 # -- bytes per iteration -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ..plan.compressed import (
     topk_wire,
 )
 from .profile import RunProfile, TensorRecord, ready_profile, specs_from_profile
+from .simulator import CompressorCompute
 
 # Stated estimates for a profile without compute.compression_s (a run without a compressor):
 # PowerSGD's matrix products at 10 GFLOP/s, top-k's selection and update at 4 ns per element.
@@ -89,6 +90,12 @@ class CompressedRun:
         return compressed_plan(build, specs, self.layout, ready_profile(self.run))
 
     @property
+    def compute(self) -> CompressorCompute:
+        """What the simulation adds: the compressor's time, the blocks it waits for and the
+        blocks that wait for it."""
+        return CompressorCompute(self.compression_s, self.waited_for, self.after_compute)
+
+    @property
     def first_wire(self) -> int:
         return min((s.tensor_id for s in self.wire_specs), default=len(self.run.tensors))
 
@@ -138,6 +145,14 @@ def compress_run(run: RunProfile, lossy: LossyCompression, world: int) -> Compre
     wire_rows = _wire_records(run, layout, [t.tensor_id for t, _ in chosen])
     extended = replace(run, tensors=run.tensors + wire_rows)
     return CompressedRun(extended, layout, seconds, tuple(notes))
+
+
+def with_shapes(document: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """A copy of a profile document whose tensors carry their shapes (by name), for a profile
+    written without them (the profiler does not record shapes)."""
+    tensors = [dict(row, shape=list(shapes[row["name"]])) if row.get("name") in shapes
+               else row for row in document.get("tensors", [])]
+    return {**document, "tensors": tensors}
 
 
 def estimated_seconds(lossy: LossyCompression, shapes: list[tuple[int, ...]]) -> float:

@@ -12,7 +12,7 @@ from .compressed import CompressedRun
 from .network import Network
 from .overlap import with_update_groups
 from .profile import RunProfile, ready_profile, specs_from_profile
-from .simulator import CompressorCompute, Mode, SimResult, simulate
+from .simulator import Mode, SimResult, simulate
 
 MiB = 1 << 20
 
@@ -74,8 +74,7 @@ class PlanCache:
         """`compressed`: plans carry a lossy compressor's wire tensors (`run` is then
         compressed.run) and simulations add its compute."""
         self.compressed = compressed
-        self.compressor = None if compressed is None else CompressorCompute(
-            compressed.compression_s, compressed.waited_for, compressed.after_compute)
+        self.compressor = None if compressed is None else compressed.compute
         run = run if compressed is None else compressed.run
         self.run = run
         self.specs: list[TensorSpec] = specs_from_profile(run)

@@ -153,3 +153,19 @@ def test_cli_rows_of_a_named_compressor(tmp_path: Path) -> None:
     assert rows[0]["utilisation"] == pytest.approx(2480 / (rows[0]["iteration_s"] * 1e5))
     assert rows[2]["compression_for_target"] is None
     assert rows[2]["iteration_s"] < rows[0]["iteration_s"]
+
+
+def test_validation_predicts_a_compressed_run_from_its_profile() -> None:
+    # The bench's prediction for a compressed candidate: its profile (no shapes: the profiler
+    # writes none; the model's are added), its installed plan, its fitted network (alpha 2 ms,
+    # 10 us per byte: the numbers of the timeline above, 24.8 ms).
+    from commsched.bench.validate import predict_ms
+    from commsched.config import Policy
+
+    doc = document(shapes=False)
+    doc["collectives"] = {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}}
+    plan = Plan("test", (Block(0, (Piece(1, 0, 20), Piece(2, 0, 40)), "float32"),
+                         Block(1, (Piece(3, 0, 60),), "float32")))
+    shapes = {"w": (20, 30), "b": (20,)}
+    assert predict_ms(doc, plan, Policy.HOROVOD, Compression.powersgd(rank=2), shapes) == \
+        pytest.approx(24.8)
