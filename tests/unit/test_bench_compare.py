@@ -148,3 +148,20 @@ def test_bytes_per_iteration_of_commsched_plans() -> None:
     assert wire.payload == pytest.approx(576 + 28 + 28)
     # Sent on a ring of 3: 2 x 2/3 x 576 + 2/3 x (84 + 84).
     assert wire.sent == pytest.approx(768 + 112)
+
+
+def test_compression_targets_lines() -> None:
+    from commsched.bench.compression_speed import targets
+
+    rows = [{"name": "hvd", "median_ms": 100.0},
+            {"name": "torch-ddp-powersgd?rank=4", "median_ms": 50.0},
+            {"name": "commsched:horovod?compression=powersgd&powersgd_rank=4", "median_ms": 48.0},
+            {"name": "commsched:mgwfbp?compression=powersgd&powersgd_rank=4", "median_ms": 40.0},
+            {"name": "commsched:horovod?compression=topk&topk_ratio=0.01", "median_ms": 70.0}]
+    assert targets(rows) == [
+        "* commsched:mgwfbp?compression=powersgd&powersgd_rank=4 / torch-ddp-powersgd?rank=4: "
+        "0.80x (target <= 0.9x: met)",
+        "* commsched:mgwfbp?compression=powersgd&powersgd_rank=4 / hvd: 0.40x "
+        "(target <= 0.6x: met)",
+        "* commsched:horovod?compression=topk&topk_ratio=0.01 / torch-ddp-powersgd?rank=4: 1.40x",
+        "* commsched:horovod?compression=topk&topk_ratio=0.01 / hvd: 0.70x"]
