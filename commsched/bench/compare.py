@@ -30,6 +30,7 @@ from ..torch_compat import ddp_kwargs
 from .compression_speed import (
     HVD_FP16,
     candidate_bytes,
+    ddp_powersgd_kwargs,
     lossy_of,
     parse_ddp_powersgd,
     register_ddp_powersgd,
@@ -89,7 +90,8 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
                                            else hvd.Compression.none)
         elif label == "torch-ddp" or powersgd is not None:
             # Horovod does not synchronise buffers either; keep the comparison like for like.
-            model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False))
+            model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False),
+                                                        **ddp_powersgd_kwargs(powersgd))
             if powersgd is not None:
                 register_ddp_powersgd(model, powersgd)
             opt = _sgd(model)
@@ -232,12 +234,14 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
 
 
 def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dict | None:
-    """Rank 0: the floor of any cross-iteration schedule from the first profiled commsched
-    candidate (sim/floor.py), never below the measured naive bound (both are lower bounds), and
-    each row's distance to it. Returns the profile document it came from."""
+    """Rank 0: the floor of any cross-iteration schedule from the first profiled uncompressed
+    commsched candidate (sim/floor.py), never below the measured naive bound (both are lower
+    bounds), and each row's distance to it. Returns the profile document it came from."""
     from .validate import floor_summary
 
-    profiled = [c for c in candidates if c.profile_path]
+    # A compressed candidate's floor would assume its whole gradients on the wire.
+    profiled = [c for c in candidates
+                if c.profile_path and lossy_of(parse_candidate(c.name)[1]) is None]
     if not profiled:
         return None
     document = profiled[0].optimizer.session.profile_document()

@@ -87,6 +87,26 @@ def parse_ddp_powersgd(label: str) -> DdpPowerSGD | None:
     return spec
 
 
+# Note [DDP's PowerSGD hook on Gloo]
+# The hook chains its collectives through futures: the Qs' all-reduce is launched from the
+# callback of the Ps' one. On Gloo the callback runs on a worker thread when the Ps arrive, so
+# with several buckets the ranks can launch one bucket's Q and another bucket's P in different
+# orders: a collective mismatch (Gloo: "Received data size doesn't match expected size"; PyTorch
+# skips its own PowerSGD parity test on Gloo, pytorch/pytorch#58467). One bucket per iteration
+# keeps the order identical on every rank; the hook then starts communicating when backward has
+# ended, which is how the hook runs here (documented in the report). NCCL keeps DDP's buckets.
+GLOO_ONE_BUCKET_MB = 1 << 14
+
+
+def ddp_powersgd_kwargs(spec: DdpPowerSGD | None) -> dict[str, Any]:
+    """DDP's extra arguments for the PowerSGD candidate (Note [DDP's PowerSGD hook on Gloo])."""
+    import torch.distributed as dist
+
+    if spec is None or dist.get_backend() != "gloo":
+        return {}
+    return {"bucket_cap_mb": GLOO_ONE_BUCKET_MB}
+
+
 def register_ddp_powersgd(model: nn.parallel.DistributedDataParallel, spec: DdpPowerSGD) -> Any:
     """Installs DDP's PowerSGD hook on `model`; returns its state (kept alive with the model)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
