@@ -157,7 +157,8 @@ def run_command(args: argparse.Namespace) -> int:
         policies = _policies_for(asked, run, name)
         notes: list[str] = []
         if args.fitted:
-            t1, rows, notes = fitted_rows(name, run, doc, base, policies, tune)
+            named = tuple(v for v in ratios if not isinstance(v, float))
+            t1, rows, notes = fitted_rows(name, run, doc, base, policies, tune, named)
         else:
             t1, rows = sweep(name, run, base, policies, links, ratios, tune, args.target)
         for row in rows:

@@ -178,14 +178,24 @@ def _scaling_at(cache: PlanCache, policy: Policy, link: LinkSpec, tune: bool, t1
 
 
 def fitted_rows(model: str, run: RunProfile, doc: dict, base_cfg: Config,
-                policies: list[Policy], tune: bool = True) -> tuple[float, list[Row], list[str]]:
-    """The profiled run's own network (fitted alpha/beta) at its own world size."""
+                policies: list[Policy], tune: bool = True,
+                compressors: tuple[LossyCompression, ...] = ()
+                ) -> tuple[float, list[Row], list[str]]:
+    """The profiled run's own network (fitted alpha/beta) at its own world size; uncompressed,
+    then with each named compressor (synchronous policies only)."""
     cache = PlanCache(run, base_cfg)
     t1 = compute_only_s(run, cache)
     net = FittedNetwork.from_document(doc)
     simulated = policies if Policy.HOROVOD in policies else [Policy.HOROVOD, *policies]
     found = _rows_for(model, cache, simulated, net, t1, tune, net.world_size, None, 1.0)
-    return t1, [found[p] for p in policies], list(net.notes)
+    rows = [found[p] for p in policies]
+    for lossy in compressors:
+        compressed = PlanCache(run, base_cfg, compress_run(run, lossy, net.world_size))
+        synchronous = [p for p in simulated if not p.overlaps_iterations]
+        found = _rows_for(model, compressed, synchronous, net, t1, tune, net.world_size, None,
+                          lossy.label)
+        rows += [found[p] for p in policies if p in found]
+    return t1, rows, list(net.notes)
 
 
 def describe_knobs(knobs: dict[str, int]) -> str:

@@ -169,3 +169,19 @@ def test_validation_predicts_a_compressed_run_from_its_profile() -> None:
     shapes = {"w": (20, 30), "b": (20,)}
     assert predict_ms(doc, plan, Policy.HOROVOD, Compression.powersgd(rank=2), shapes) == \
         pytest.approx(24.8)
+
+
+def test_fitted_network_with_a_named_compressor(tmp_path: Path) -> None:
+    doc = document()
+    doc["collectives"] = {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}}
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(doc))
+    out = tmp_path / "rows.json"
+    assert main(["--profile", str(profile), "--fitted", "--policy", "horovod", "--knobs",
+                 "default", "--compression", "powersgd:2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["models"][str(profile)]["rows"]
+    assert [(r["compression"], r["workers"]) for r in rows] == [(1.0, 2),
+                                                               ("powersgd(rank=2)", 2)]
+    # Uncompressed, horovod's plan sends b and w (2480 B, >= 26.8 ms of all-reduce); PowerSGD
+    # sends 480 B in two rounds (8.8 ms) plus its 3 ms.
+    assert rows[1]["iteration_s"] < rows[0]["iteration_s"]
