@@ -27,6 +27,15 @@ import commsched
 
 from ..outputs import OutputPathError, prepare_dir
 from ..torch_compat import ddp_kwargs
+from .compression_speed import (
+    HVD_FP16,
+    candidate_bytes,
+    ddp_powersgd_kwargs,
+    lossy_of,
+    parse_ddp_powersgd,
+    register_ddp_powersgd,
+    split_compression,
+)
 from .models import ModelName, batch, build, loss_fn
 
 LOCAL = "local (no comm)"
@@ -39,6 +48,7 @@ class Candidate:
     finish: Callable[[], None] = lambda: None  # lets pending work end before others run
     optimizer: Any = None
     profile_path: str = ""  # commsched candidates with --predict: where its profile went
+    model: Any = None
     # Per round: when each step ended (perf_counter), the untimed first step included.
     ends: list[list[float]] = field(default_factory=list)
 
@@ -73,11 +83,17 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
     for index, label in enumerate(wanted):
         model = build(name)
         profile_path = ""
-        if label == "hvd":
-            opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
-        elif label == "torch-ddp":
+        powersgd = parse_ddp_powersgd(label)
+        if label in ("hvd", HVD_FP16):
+            opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
+                                           compression=hvd.Compression.fp16 if label == HVD_FP16
+                                           else hvd.Compression.none)
+        elif label == "torch-ddp" or powersgd is not None:
             # Horovod does not synchronise buffers either; keep the comparison like for like.
-            model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False))
+            model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False),
+                                                        **ddp_powersgd_kwargs(powersgd))
+            if powersgd is not None:
+                register_ddp_powersgd(model, powersgd)
             opt = _sgd(model)
         elif label == LOCAL:
             opt = _sgd(model)
@@ -86,12 +102,14 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
             if profile_dir:
                 profile_path = knobs["profile"] = os.path.join(profile_dir,
                                                                f"candidate{index}.json")
+            compression, knobs = split_compression(knobs)
             opt = commsched.DistributedOptimizer(_sgd(model),
                                                  named_parameters=model.named_parameters(),
-                                                 policy=policy, model=model, **knobs)
+                                                 compression=compression, policy=policy,
+                                                 model=model, **knobs)
         finish = getattr(opt, "flush", lambda: None)
         out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish,
-                             optimizer=opt, profile_path=profile_path))
+                             optimizer=opt, profile_path=profile_path, model=model))
     return out
 
 
@@ -178,6 +196,9 @@ def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
 def summarise(candidates: list[Candidate]) -> list[dict]:
     """Per candidate: the step time is the slowest rank's; report medians and ratios."""
     rows = timing_rows(candidates)
+    for row, cand in zip(rows, candidates, strict=True):
+        sent = candidate_bytes(cand.name, cand.model, cand.optimizer, commsched.size())
+        row.update(sent.as_json() if sent is not None else {})
     by_name = {r["name"]: r["median_ms"] for r in rows}
     for row in rows:
         for base in ("hvd", "torch-ddp"):
@@ -204,19 +225,23 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
         if auto is not None:
             verdict = (cand.name, auto.summary())
             policy = auto.chosen.policy
+        lossy = lossy_of(parse_candidate(cand.name)[1])
+        shapes = {n: tuple(p.shape) for n, p in cand.model.named_parameters()}
         predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(),
-                                          cand.optimizer.plan, policy)
+                                          cand.optimizer.plan, policy, lossy, shapes)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 
 
 def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dict | None:
-    """Rank 0: the floor of any cross-iteration schedule from the first profiled commsched
-    candidate (sim/floor.py), never below the measured naive bound (both are lower bounds), and
-    each row's distance to it. Returns the profile document it came from."""
+    """Rank 0: the floor of any cross-iteration schedule from the first profiled uncompressed
+    commsched candidate (sim/floor.py), never below the measured naive bound (both are lower
+    bounds), and each row's distance to it. Returns the profile document it came from."""
     from .validate import floor_summary
 
-    profiled = [c for c in candidates if c.profile_path]
+    # A compressed candidate's floor would assume its whole gradients on the wire.
+    profiled = [c for c in candidates
+                if c.profile_path and lossy_of(parse_candidate(c.name)[1]) is None]
     if not profiled:
         return None
     document = profiled[0].optimizer.session.profile_document()
@@ -242,11 +267,13 @@ def _quantile(values: list[float], q: float) -> float:
 def markdown_table(rows: list[dict]) -> str:
     predicted = any("predicted_ms" in r for r in rows)
     floor = any("vs_floor" in r for r in rows)
-    extra = (" vs floor |" if floor else "") + (" predicted ms | error |" if predicted else "")
+    wire = any("payload_bytes" in r for r in rows)
+    extra = (" vs floor |" if floor else "") + (" predicted ms | error |" if predicted else "") \
+        + (" payload MB/iter | sent MB/iter |" if wire else "")
     lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |"
              + extra,
              "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if floor else "")
-             + ("---:|---:|" if predicted else "")]
+             + ("---:|---:|" if predicted else "") + ("---:|---:|" if wire else "")]
     for r in rows:
         line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
                 f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
@@ -257,8 +284,14 @@ def markdown_table(rows: list[dict]) -> str:
             value, error = r.get("predicted_ms"), r.get("prediction_error")
             line += (f" {'-' if value is None else f'{value:.1f}'} "
                      f"| {'-' if error is None else f'{100 * error:.0f}%'} |")
+        if wire:
+            line += "".join(f" {_megabytes(r.get(k))} |" for k in ("payload_bytes", "sent_bytes"))
         lines.append(line)
     return "\n".join(lines)
+
+
+def _megabytes(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.3f}"
 
 
 def _ratio(value: float | None) -> str:

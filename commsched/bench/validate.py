@@ -8,16 +8,28 @@ import json
 import statistics
 from typing import Any
 
+from ..compression import LossyCompression
 from ..config import Policy
 from ..plan import Plan
 from ..sim import FittedNetwork, Mode, profile_from_document, simulate
+from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
 
 
-def predict_ms(document: dict, plan: Plan, policy: Policy) -> float:
+def predict_ms(document: dict, plan: Plan, policy: Policy,
+               lossy: LossyCompression | None = None,
+               shapes: dict[str, tuple[int, ...]] | None = None) -> float:
+    """The simulated iteration of `plan` on the document's profile and fitted network. With a
+    lossy compressor, the profile gets its wire tensors (laid out as the run lays them out, from
+    the parameters' `shapes`) and its measured compute (sim/compressed.py)."""
     mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
-    run = profile_from_document(document)
-    return 1e3 * simulate(run, plan, FittedNetwork.from_document(document), mode).iteration_s
+    net = FittedNetwork.from_document(document)
+    run = profile_from_document(with_shapes(document, shapes or {}))
+    if lossy is None:
+        return 1e3 * simulate(run, plan, net, mode).iteration_s
+    compressed = compress_run(run, lossy, net.world_size)
+    return 1e3 * simulate(compressed.run, plan, net, mode,
+                          compressor=compressed.compute).iteration_s
 
 
 def floor_summary(document: dict) -> dict[str, Any]:

@@ -24,7 +24,7 @@ fingerprint, which every rank compares before installing it, covers both.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .types import Block, Collective, Piece, Plan, Profile, TensorSpec
@@ -43,6 +43,62 @@ class WireLayout:
 
 
 PlanBuilder = Callable[[list[TensorSpec], Profile], Plan]
+
+
+@dataclass(frozen=True)
+class Factored:
+    """A gradient sent as PowerSGD factors: its matrix view rows x cols, the factors' rank."""
+
+    spec: TensorSpec
+    rows: int
+    cols: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class Sparsified:
+    """A gradient sent as its k largest entries (values and int32 indices)."""
+
+    spec: TensorSpec
+    k: int
+
+
+INDEX_DTYPE, INDEX_SIZE = "int32", 4
+
+
+def powersgd_wire(label: str, factored: Sequence[Factored], first_id: int) -> WireLayout:
+    """The wire tensors of PowerSGD: per gradient a P (rows x rank), then per gradient a Q
+    (cols x rank), with ids from `first_id` on. The run (commsched.runtime.compressed) and the
+    simulator both build the layout here, so the simulated sizes are the real ones."""
+    p_specs = [TensorSpec(first_id + i, f"{f.spec.name}/powersgd.P", f.rows * f.rank,
+                          f.spec.dtype, f.spec.element_size, forward_index=f.spec.tensor_id)
+               for i, f in enumerate(factored)]
+    q_first = first_id + len(factored)
+    q_specs = [TensorSpec(q_first + i, f"{f.spec.name}/powersgd.Q", f.cols * f.rank,
+                          f.spec.dtype, f.spec.element_size, forward_index=f.spec.tensor_id)
+               for i, f in enumerate(factored)]
+    source = {p.tensor_id: f.spec.tensor_id for p, f in zip(p_specs, factored, strict=True)}
+    return WireLayout(label, frozenset(f.spec.tensor_id for f in factored), early=tuple(p_specs),
+                      late=tuple(q_specs), source=source)
+
+
+def topk_wire(label: str, picked: Sequence[Sparsified], world: int,
+              first_id: int) -> WireLayout:
+    """The wire tensors of top-k: per dtype (in order of first appearance), one values and one
+    int32 indices tensor of world x (sum of k) entries; ids from `first_id` on."""
+    totals: dict[str, tuple[int, int]] = {}  # dtype -> (element size, sum of k)
+    for s in picked:
+        size, total = totals.get(s.spec.dtype, (s.spec.element_size, 0))
+        totals[s.spec.dtype] = (size, total + s.k)
+    gathered: list[TensorSpec] = []
+    for dtype, (size, total) in totals.items():
+        for what, wire_dtype, wire_size in (("values", dtype, size),
+                                            ("indices", INDEX_DTYPE, INDEX_SIZE)):
+            tensor_id = first_id + len(gathered)
+            gathered.append(TensorSpec(tensor_id, f"topk.{what}.{dtype}", world * total,
+                                       wire_dtype, wire_size, forward_index=tensor_id))
+    return WireLayout(label, frozenset(s.spec.tensor_id for s in picked),
+                      gathered=tuple(gathered))
 
 
 def _with_source_times(profile: Profile, layout: WireLayout) -> Profile:

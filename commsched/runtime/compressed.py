@@ -44,7 +44,13 @@ from ..compression import (
 )
 from ..config import Policy
 from ..plan import Plan, TensorSpec, dtype_name
-from ..plan.compressed import WireLayout
+from ..plan.compressed import (
+    Factored,
+    Sparsified,
+    WireLayout,
+    powersgd_wire,
+    topk_wire,
+)
 from .engine import EngineHandle
 
 STATE_VERSION = 1
@@ -83,6 +89,7 @@ class CompressedGradients:
                     if eligible(s, p, lossy)]
         self.params = [params[t] for t in self.ids]
         self.names = [specs[t].name for t in self.ids]
+        self._specs = list(specs)
         self.on = False  # compressing this iteration (iteration >= start_step)
         self._world, self._rank = world_size, rank
         self._next_id = len(specs)
@@ -105,16 +112,16 @@ class CompressedGradients:
     def wire_specs(self) -> list[TensorSpec]:
         return list(self._wire)
 
-    def _add_wire(self, name: str, numel: int, dtype: torch.dtype,
-                  forward_index: int | None = None) -> TensorSpec:
-        """A wire tensor's spec; `forward_index` (its priority for the planners) is that of
-        the gradient it carries, else it comes after every gradient."""
-        spec = TensorSpec(self._next_id, name, numel, dtype_name(dtype),
-                          torch.empty(0, dtype=dtype).element_size(),
-                          forward_index=self._next_id if forward_index is None else forward_index)
-        self._next_id += 1
-        self._wire.append(spec)
-        return spec
+    def _adopt(self, specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor]) -> None:
+        """Takes the layout's wire specs (commsched.plan.compressed builds them, for the
+        simulator too); each must describe the tensor the run allocated for it."""
+        for spec, tensor in zip(specs, tensors, strict=True):
+            if spec.numel != tensor.numel() or spec.dtype != dtype_name(tensor.dtype):
+                raise AssertionError(f"commsched: wire tensor {spec.name} is laid out as "
+                                     f"{spec.numel} x {spec.dtype}, allocated as "
+                                     f"{tensor.numel()} x {tensor.dtype}")
+        self._wire.extend(specs)
+        self._next_id += len(specs)
 
     # -- layouts -----------------------------------------------------------------------------
 
@@ -127,15 +134,13 @@ class CompressedGradients:
         self.p_wire = [torch.empty(matrix_shape(p.shape)[0], lossy.rank_for(p.shape),
                                    dtype=p.dtype, device=p.device) for p in self.params]
         self.q_wire = [torch.empty_like(q) for q in self.q]
-        p_specs = [self._add_wire(f"{n}/powersgd.P", t.numel(), t.dtype, tid)
-                   for n, t, tid in zip(self.names, self.p_wire, self.ids, strict=True)]
-        q_specs = [self._add_wire(f"{n}/powersgd.Q", t.numel(), t.dtype, tid)
-                   for n, t, tid in zip(self.names, self.q_wire, self.ids, strict=True)]
-        self.p_ids = [s.tensor_id for s in p_specs]
-        self.q_ids = [s.tensor_id for s in q_specs]
-        source = {s.tensor_id: self.ids[i] for i, s in enumerate(p_specs)}
-        return WireLayout(self.lossy.label, frozenset(self.ids), early=tuple(p_specs),
-                          late=tuple(q_specs), source=source)
+        factored = [Factored(self._specs[t], *matrix_shape(p.shape), lossy.rank_for(p.shape))
+                    for t, p in zip(self.ids, self.params, strict=True)]
+        layout = powersgd_wire(lossy.label, factored, self._next_id)
+        self._adopt(layout.early + layout.late, self.p_wire + self.q_wire)
+        self.p_ids = [s.tensor_id for s in layout.early]
+        self.q_ids = [s.tensor_id for s in layout.late]
+        return layout
 
     def _topk_layout(self) -> WireLayout:
         """One values and one indices tensor per dtype, world x (sum of k) long: rank r's
@@ -153,14 +158,13 @@ class CompressedGradients:
                        for d, n in totals.items()}
         self.indices = {d: torch.zeros(self._world * n, dtype=torch.int32, device=device)
                         for d, n in totals.items()}
-        gathered = []
-        self.gathered_ids: list[tuple[int, torch.Tensor]] = []
-        for d in totals:
-            for what, tensor in (("values", self.values[d]), ("indices", self.indices[d])):
-                spec = self._add_wire(f"topk.{what}.{dtype_name(d)}", tensor.numel(), tensor.dtype)
-                gathered.append(spec)
-                self.gathered_ids.append((spec.tensor_id, tensor))
-        return WireLayout(self.lossy.label, frozenset(self.ids), gathered=tuple(gathered))
+        picked = [Sparsified(self._specs[t], k) for t, k in zip(self.ids, self.k, strict=True)]
+        layout = topk_wire(self.lossy.label, picked, self._world, self._next_id)
+        tensors = [t for d in totals for t in (self.values[d], self.indices[d])]
+        self._adopt(layout.gathered, tensors)
+        self.gathered_ids: list[tuple[int, torch.Tensor]] = [
+            (s.tensor_id, t) for s, t in zip(layout.gathered, tensors, strict=True)]
+        return layout
 
     # -- backward ----------------------------------------------------------------------------
 

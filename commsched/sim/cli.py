@@ -11,9 +11,11 @@ import re
 import sys
 from pathlib import Path
 
+from ..compression import LossyCompression
 from ..config import Policy, load_config
 from ..outputs import OutputPathError, prepare_file
 from ..units import UnitError, parse_bandwidth
+from .compressed import CompressorError, parse_compressor
 from .network import Algorithm
 from .profile import (
     BUILTIN_PROFILES,
@@ -57,16 +59,24 @@ def parse_workers(text: str) -> list[int]:
     return out
 
 
-def parse_ratios(text: str) -> list[float]:
-    out = []
+def parse_compressions(text: str) -> list[float | LossyCompression]:
+    """Ratios (e.g. 1,2,5) and named compressors (powersgd:RANK, topk:RATIO), mixed freely."""
+    out: list[float | LossyCompression] = []
     for item in _items(text, "--compression"):
+        if ":" in item:
+            try:
+                out.append(parse_compressor(item))
+            except CompressorError as err:
+                raise UsageError(str(err)) from None
+            continue
         try:
             value = float(item)
         except ValueError:
             value = float("nan")
         if not 1.0 <= value <= COMPRESSION_CAP:
             raise UsageError(f"--compression {item!r}: expected ratios between 1 and "
-                             f"{COMPRESSION_CAP:g}, e.g. 1,2,5")
+                             f"{COMPRESSION_CAP:g} (e.g. 1,2,5) or compressors "
+                             "powersgd:RANK, topk:RATIO (e.g. powersgd:4,topk:0.01)")
         out.append(value)
     return out
 
@@ -98,7 +108,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", default="20us", help="per-message latency alpha (default 20us)")
     p.add_argument("--algorithm", default="ring", choices=[a.value for a in Algorithm])
     p.add_argument("--policy", default="all", help="'all' or a comma-separated list")
-    p.add_argument("--compression", default="1", help="compression ratios (default 1)")
+    p.add_argument("--compression", default="1",
+                   help="compression ratios and/or compressors, comma-separated (default 1): "
+                        "a ratio divides every collective's bytes; powersgd:RANK or "
+                        "topk:RATIO simulate that compressor's real wire tensors and compute")
     p.add_argument("--target", type=float, default=TARGET_SCALING,
                    help="scaling factor the compression search aims at (default 0.9)")
     p.add_argument("--knobs", choices=("grid", "default"), default="grid",
@@ -130,7 +143,7 @@ def run_command(args: argparse.Namespace) -> int:
     workers = parse_workers(args.workers)
     bandwidths = [parse_bandwidth(b) for b in _items(args.bandwidth, "--bandwidth")]
     latency = parse_seconds(args.latency)
-    ratios = parse_ratios(args.compression)
+    ratios = parse_compressions(args.compression)
     asked = parse_policies(args.policy)
     links = [LinkSpec(p, bw, latency, Algorithm(args.algorithm))
              for p in workers for bw in bandwidths]
@@ -144,7 +157,8 @@ def run_command(args: argparse.Namespace) -> int:
         policies = _policies_for(asked, run, name)
         notes: list[str] = []
         if args.fitted:
-            t1, rows, notes = fitted_rows(name, run, doc, base, policies, tune)
+            named = tuple(v for v in ratios if not isinstance(v, float))
+            t1, rows, notes = fitted_rows(name, run, doc, base, policies, tune, named)
         else:
             t1, rows = sweep(name, run, base, policies, links, ratios, tune, args.target)
         for row in rows:

@@ -22,7 +22,7 @@ def _pyplot() -> Any:  # matplotlib.pyplot, imported on first use
     return plt
 
 
-def best_rows(rows: list[Row], compression: float) -> list[tuple[Row, Row]]:
+def best_rows(rows: list[Row], compression: float | str) -> list[tuple[Row, Row]]:
     """(horovod, fastest policy) per scenario at one compression ratio, in sweep order."""
     scenarios: dict[tuple[int, float | None], list[Row]] = {}
     for row in rows:
@@ -47,7 +47,7 @@ def plot_scaling(models: dict[str, list[Row]], path: str | Path, target: float) 
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
     for ax, (model, rows) in zip(axes[0], models.items(), strict=True):
-        compression = rows[0].compression if rows else 1.0
+        compression: float | str = rows[0].compression if rows else 1.0
         pairs = best_rows(rows, compression)
         xs = range(len(pairs))
         ax.bar([x - 0.2 for x in xs], [h.scaling for h, _ in pairs], 0.4, label="horovod",
@@ -61,7 +61,8 @@ def plot_scaling(models: dict[str, list[Row]], path: str | Path, target: float) 
         ax.set_xticks(list(xs), [scenario_label(h) for h, _ in pairs], fontsize=8)
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("scaling factor T1/Tp")
-        title = model if compression == 1 else f"{model} (compression {compression:g})"
+        shown = compression if isinstance(compression, str) else f"{compression:g}"
+        title = model if compression == 1 else f"{model} (compression {shown})"
         ax.set_title(title)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

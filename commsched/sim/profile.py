@@ -42,6 +42,7 @@ class TensorRecord(TensorSpec):
 
     ready_time_s: float | None = None
     module: str | None = None  # its first user in forward order (null without model=)
+    shape: tuple[int, ...] | None = None  # optional: PowerSGD's factors need the matrix view
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class RunProfile:
     # One call of the user's optimizer: fixed + per byte (fitted from timed update calls).
     update_fixed_s: float | None = None
     update_per_byte_s: float | None = None
+    # Training-thread time per iteration of a lossy compressor (a compressed run's profile).
+    compression_s: float | None = None
 
     @property
     def has_module_info(self) -> bool:
@@ -153,7 +156,20 @@ def _tensor(r: _Reader, row: Any, i: int, version: int) -> TensorRecord:
     # Schema 1 had no `module`: treated as missing, like a profile taken without model=.
     module = r.text(row, "module", where, nullable=True) if version >= 2 else None
     return TensorRecord(tensor_id, name, numel, dtype, size, forward_index,
-                        ready_time_s=r.seconds(row, "ready_time_s", where), module=module)
+                        ready_time_s=r.seconds(row, "ready_time_s", where), module=module,
+                        shape=_shape(r, row.get("shape"), numel, where))
+
+
+def _shape(r: _Reader, value: Any, numel: int, where: str) -> tuple[int, ...] | None:
+    """The optional `shape` (absent or null: unknown); its product must be numel."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value) \
+            or math.prod(value) != numel:
+        raise r.fail(f"{where}shape", f"a list of whole numbers whose product is numel ({numel})",
+                     value)
+    return tuple(value)
 
 
 def _module(r: _Reader, row: Any, i: int, version: int) -> ModuleRecord:
@@ -228,7 +244,8 @@ def profile_from_document(doc: dict, source: str = "profile") -> RunProfile:
                       r.seconds(compute, "step_s", "compute."),
                       _collectives(r, doc.get("collectives")), source,
                       r.seconds(compute, "update_fixed_s", "compute."),
-                      r.seconds(compute, "update_per_byte_s", "compute."))
+                      r.seconds(compute, "update_per_byte_s", "compute."),
+                      r.seconds(compute, "compression_s", "compute."))
 
 
 def builtin_path(name: str) -> Path:

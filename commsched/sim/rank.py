@@ -8,6 +8,7 @@ from typing import Any
 
 from ..config import Config, Policy, load_config
 from ..plan import NetModel, Plan, TensorSpec, make_plan
+from .compressed import CompressedRun
 from .network import Network
 from .overlap import with_update_groups
 from .profile import RunProfile, ready_profile, specs_from_profile
@@ -68,7 +69,13 @@ class PlanCache:
     """Plans by (policy, knobs, planner network); plans of net-independent policies are reused
     for every network, which keeps what-if sweeps fast."""
 
-    def __init__(self, run: RunProfile, base_cfg: Config) -> None:
+    def __init__(self, run: RunProfile, base_cfg: Config,
+                 compressed: CompressedRun | None = None) -> None:
+        """`compressed`: plans carry a lossy compressor's wire tensors (`run` is then
+        compressed.run) and simulations add its compute."""
+        self.compressed = compressed
+        self.compressor = None if compressed is None else compressed.compute
+        run = run if compressed is None else compressed.run
         self.run = run
         self.specs: list[TensorSpec] = specs_from_profile(run)
         self.profile = ready_profile(run)
@@ -87,7 +94,16 @@ class PlanCache:
                                 repr(net) if policy.overlaps_iterations else None)
         plan = self._plans.get(key)
         if plan is None:
-            plan = make_plan(policy, self.specs, self.profile, model, self.config(policy, knobs))
+            cfg = self.config(policy, knobs)
+            if self.compressed is not None:
+                if policy.overlaps_iterations:
+                    raise ValueError(f"policy {policy.value}: lossy compression is simulated "
+                                     "with the synchronous policies only")
+                plan = self.compressed.plan(lambda specs, prof: make_plan(policy, specs, prof,
+                                                                          model, cfg))
+                self._plans[key] = plan
+                return plan
+            plan = make_plan(policy, self.specs, self.profile, model, cfg)
             if policy.overlaps_iterations:
                 plan = with_update_groups(self.run, plan, net)
             self._plans[key] = plan
@@ -109,7 +125,8 @@ def evaluate(cache: PlanCache, policies: list[Policy], net: Network,
     for policy in policies:
         for knobs in knob_grid(policy) if tune else [{}]:
             plan = cache.plan(policy, knobs, net)
-            result = simulate(cache.run, plan, net, mode_of(policy))
+            result = simulate(cache.run, plan, net, mode_of(policy),
+                              compressor=cache.compressor)
             out.append(Ranked(policy, knobs, plan, result.iteration_s, result))
     out.sort(key=lambda r: (r.predicted_s, order[r.policy], sorted(r.knobs.items())))
     return out

@@ -49,16 +49,30 @@ class SimResult:
 Trace = tuple[list[float], list[SimEvent], Channel]
 
 
+@dataclass(frozen=True)
+class CompressorCompute:
+    """A lossy compressor's training-thread time (Note [Simulated compression compute],
+    sim/compressed.py): it starts when backward ended and the blocks holding `waited_for`
+    are done; the blocks holding `after` are launched when it ends."""
+
+    seconds: float
+    waited_for: frozenset[int] = frozenset()
+    after: frozenset[int] = frozenset()
+
+
 def simulate(run: RunProfile, plan: Plan, net: Network, mode: Mode,
-             iterations: int = 4) -> SimResult:
+             iterations: int = 4, compressor: CompressorCompute | None = None) -> SimResult:
     """Simulates `iterations` iterations and reports the last one (the steady state: the first
-    overlapped iteration has no previous iteration's communication to wait for)."""
+    overlapped iteration has no previous iteration's communication to wait for). `compressor`:
+    the compute a lossy compressor adds (synchronous mode only)."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     blocks = block_times(run, plan, net)
     compute = compute_times(run, with_modules=mode is Mode.OVERLAP)
     notes = blocks.notes + compute.notes
     if mode is Mode.OVERLAP:
+        if compressor is not None:
+            raise ValueError("lossy compression is simulated with the synchronous policies only")
         if not run.has_module_info:
             raise ValueError(f"profile {run.source}: overlap mode needs 'modules' and "
                              "tensors[].module (a profile recorded with model=)")
@@ -68,15 +82,18 @@ def simulate(run: RunProfile, plan: Plan, net: Network, mode: Mode,
         if iterations == 1:
             notes.append("one iteration only: its forward applies no previous updates")
     else:
-        trace = run_sync(plan, blocks, compute, iterations)
+        trace = run_sync(plan, blocks, compute, iterations, compressor)
     return _result(plan, net, blocks, trace, notes)
 
 
-def run_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes, iterations: int) -> Trace:
+def run_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes, iterations: int,
+             compressor: CompressorCompute | None = None) -> Trace:
     channel = Channel(plan, blocks.durations)
     events: list[SimEvent] = []
     last_ready = max(blocks.ready, default=0.0)
     starts = [0.0]
+    after = _positions(plan, compressor.after) if compressor else set()
+    waited = _positions(plan, compressor.waited_for) if compressor else set()
     for _ in range(iterations):
         start = starts[-1]
         channel.reset()
@@ -85,17 +102,33 @@ def run_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes, iterations: 
         backward_end = first + last_ready
         forward = set(blocks.forward)
         for pos in range(len(plan.blocks)):
+            if pos in after:
+                break  # the compressor's blocks are last in the plan (plan/compressed.py)
             # step() launches forward-stage blocks too: they go when backward has ended.
             channel.offer(pos, backward_end if pos in forward
                           else first + blocks.ready_after_first[pos])
-        synced = max(backward_end, channel.all_done())
         events.append(SimEvent("compute", "forward", start, first))
         events.append(SimEvent("compute", "backward", first, backward_end))
-        if synced > backward_end:
-            events.append(SimEvent("wait", "synchronize", backward_end, synced))
+        free = backward_end
+        if compressor is not None:
+            begin = max([backward_end] + [channel.done_at(p) for p in waited])
+            free = begin + compressor.seconds
+            if begin > backward_end:
+                events.append(SimEvent("wait", "synchronize", backward_end, begin))
+            events.append(SimEvent("compute", "compress", begin, free))
+            for pos in sorted(after):
+                channel.offer(pos, free)
+        synced = max(free, channel.all_done())
+        if synced > free:
+            events.append(SimEvent("wait", "synchronize", free, synced))
         events.append(SimEvent("compute", "update", synced, synced + compute.step_s))
         starts.append(synced + compute.step_s)
     return starts, events, channel
+
+
+def _positions(plan: Plan, tensor_ids: frozenset[int]) -> set[int]:
+    return {pos for pos, b in enumerate(plan.blocks)
+            if any(p.tensor_id in tensor_ids for p in b.pieces)}
 
 
 def _result(plan: Plan, net: Network, blocks: BlockTimes, trace: Trace,

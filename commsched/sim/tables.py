@@ -31,8 +31,12 @@ def least_ratio(rows: list[Row], scenario: Row) -> str:
     return f"{ratio_text(least)} ({least.policy})"
 
 
+def compression_text(row: Row) -> str:
+    return row.compression if isinstance(row.compression, str) else f"{row.compression:g}"
+
+
 def _cells(row: Row) -> list[str]:
-    return [str(row.workers), link_text(row), f"{row.compression:g}", row.policy,
+    return [str(row.workers), link_text(row), compression_text(row), row.policy,
             describe_knobs(row.knobs), f"{row.iteration_s * 1e3:.1f}",
             f"{row.speedup_vs_horovod:.2f}", f"{row.scaling:.3f}",
             "-" if row.utilisation is None else f"{100 * row.utilisation:.0f}%",

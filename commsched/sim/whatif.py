@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
+from ..compression import LossyCompression
 from ..config import Config, Policy
+from .compressed import compress_run
 from .network import Algorithm, FittedNetwork, LinkNetwork, Network
 from .profile import RunProfile
 from .rank import PlanCache, Ranked, evaluate, mode_of
@@ -45,7 +48,7 @@ class Row:
     knobs: dict[str, int]
     workers: int
     bandwidth_bytes_per_s: float | None  # None: the profile's fitted network
-    compression: float
+    compression: float | str  # a ratio, or a named compressor's label (e.g. powersgd(rank=4))
     iteration_s: float
     speedup_vs_horovod: float
     scaling: float
@@ -114,13 +117,15 @@ def utilisation(result: SimResult, net: Network) -> float | None:
 
 def _rows_for(model: str, cache: PlanCache, policies: list[Policy], net: Network,
               t1: float, tune: bool, workers: int,
-              bandwidth: float | None, compression: float) -> dict[Policy, Row]:
+              bandwidth: float | None, compression: float | str) -> dict[Policy, Row]:
     best = best_per_policy(cache, policies, net, tune)
     baseline = best[Policy.HOROVOD].predicted_s
+    extra = [] if cache.compressed is None else list(cache.compressed.notes)
     rows = {}
     for policy in policies:
         r = best[policy]
         assert r.result is not None
+        r.result.notes.extend(n for n in extra if n not in r.result.notes)
         rows[policy] = Row(model, policy.value, r.knobs, workers, bandwidth, compression,
                            r.predicted_s, baseline / r.predicted_s, t1 / r.predicted_s,
                            utilisation(r.result, net), r.result.network_busy_fraction,
@@ -128,41 +133,69 @@ def _rows_for(model: str, cache: PlanCache, policies: list[Policy], net: Network
     return rows
 
 
+Compression = float | LossyCompression  # one value of the compression axis
+
+
 def sweep(model: str, run: RunProfile, base_cfg: Config, policies: list[Policy],
-          links: list[LinkSpec], compressions: list[float], tune: bool = True,
+          links: list[LinkSpec], compressions: list[Compression], tune: bool = True,
           target: float = TARGET_SCALING) -> tuple[float, list[Row]]:
     """T_1 and one row per (link, compression, policy); `horovod` is always simulated, as the
-    baseline of the speed-up, and reported only when asked for."""
+    baseline of the speed-up, and reported only when asked for. A ratio divides every
+    collective's bytes; a named compressor (PowerSGD, top-k) replaces the gradients it
+    compresses by its wire tensors and adds its compute (sim/compressed.py), with the
+    synchronous policies only (the overlap ones do not run lossy compression)."""
     cache = PlanCache(run, base_cfg)
     t1 = compute_only_s(run, cache)
     simulated = policies if Policy.HOROVOD in policies else [Policy.HOROVOD, *policies]
     rows: list[Row] = []
+    by_world: dict[tuple[int, str], PlanCache] = {}
     for link in links:
-        needed: dict[Policy, float | None] = {}
-        for policy in policies:
-            def scaling_at(ratio: float, policy: Policy = policy, link: LinkSpec = link) -> float:
-                best = best_per_policy(cache, [policy], link.network(ratio), tune)[policy]
-                return t1 / best.predicted_s
-            needed[policy] = smallest_ratio(scaling_at, target)
-        for ratio in compressions:
-            found = _rows_for(model, cache, simulated, link.network(ratio), t1, tune,
-                              link.workers, link.bandwidth_bytes_per_s, ratio)
-            for policy in policies:
-                found[policy].compression_for_target = needed[policy]
-                found[policy].searched = True
-                rows.append(found[policy])
+        needed = {policy: smallest_ratio(partial(_scaling_at, cache, policy, link, tune, t1),
+                                         target) for policy in policies}
+        for value in compressions:
+            if isinstance(value, float | int):
+                found = _rows_for(model, cache, simulated, link.network(value), t1, tune,
+                                  link.workers, link.bandwidth_bytes_per_s, float(value))
+                for policy in policies:
+                    found[policy].compression_for_target = needed[policy]
+                    found[policy].searched = True
+                    rows.append(found[policy])
+                continue
+            key = (link.workers, value.label)
+            if key not in by_world:
+                by_world[key] = PlanCache(run, base_cfg, compress_run(run, value, link.workers))
+            synchronous = [p for p in simulated if not p.overlaps_iterations]
+            found = _rows_for(model, by_world[key], synchronous, link.network(), t1, tune,
+                              link.workers, link.bandwidth_bytes_per_s, value.label)
+            rows += [found[p] for p in policies if p in found]
     return t1, rows
 
 
+def _scaling_at(cache: PlanCache, policy: Policy, link: LinkSpec, tune: bool, t1: float,
+                ratio: float) -> float:
+    best = best_per_policy(cache, [policy], link.network(ratio), tune)[policy]
+    return t1 / best.predicted_s
+
+
 def fitted_rows(model: str, run: RunProfile, doc: dict, base_cfg: Config,
-                policies: list[Policy], tune: bool = True) -> tuple[float, list[Row], list[str]]:
-    """The profiled run's own network (fitted alpha/beta) at its own world size."""
+                policies: list[Policy], tune: bool = True,
+                compressors: tuple[LossyCompression, ...] = ()
+                ) -> tuple[float, list[Row], list[str]]:
+    """The profiled run's own network (fitted alpha/beta) at its own world size; uncompressed,
+    then with each named compressor (synchronous policies only)."""
     cache = PlanCache(run, base_cfg)
     t1 = compute_only_s(run, cache)
     net = FittedNetwork.from_document(doc)
     simulated = policies if Policy.HOROVOD in policies else [Policy.HOROVOD, *policies]
     found = _rows_for(model, cache, simulated, net, t1, tune, net.world_size, None, 1.0)
-    return t1, [found[p] for p in policies], list(net.notes)
+    rows = [found[p] for p in policies]
+    for lossy in compressors:
+        compressed = PlanCache(run, base_cfg, compress_run(run, lossy, net.world_size))
+        synchronous = [p for p in simulated if not p.overlaps_iterations]
+        found = _rows_for(model, compressed, synchronous, net, t1, tune, net.world_size, None,
+                          lossy.label)
+        rows += [found[p] for p in policies if p in found]
+    return t1, rows, list(net.notes)
 
 
 def describe_knobs(knobs: dict[str, int]) -> str:

@@ -79,3 +79,89 @@ def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
     text = summary_markdown(paths)
     assert "| cnn, 3 ranks | 1gbit | commsched:dear | 200.0 | 180.0 | 10% | yes |" in text
     assert "Median error 4.0%, worst 10.0%." in text
+
+
+# -- compression candidates (commsched.bench.compression_speed) ----------------------------------
+
+def test_ddp_powersgd_candidate_parsing() -> None:
+    from commsched.bench.compression_speed import DdpPowerSGD, parse_ddp_powersgd
+
+    assert parse_ddp_powersgd("torch-ddp") is None
+    assert parse_ddp_powersgd("torch-ddp-powersgd") == DdpPowerSGD(4, 2, 2.0)
+    assert parse_ddp_powersgd("torch-ddp-powersgd?rank=1&start_iter=5&min_rate=1.5") == \
+        DdpPowerSGD(1, 5, 1.5)
+    for bad, said in (("torch-ddp-powersgd?rnk=2", "unknown setting 'rnk'"),
+                      ("torch-ddp-powersgd?rank=x", "rank='x'"),
+                      ("torch-ddp-powersgd?start_iter=1", "start_iter >= 2")):
+        with pytest.raises(ValueError, match=said):
+            parse_ddp_powersgd(bad)
+
+
+def test_commsched_compression_knobs_become_the_compressor() -> None:
+    from commsched.bench.compression_speed import split_compression
+    from commsched.compression import Compression, NoneCompressor
+    from commsched.config import ConfigError
+
+    _, knobs = parse_candidate("commsched:horovod?compression=powersgd&powersgd_rank=4"
+                               "&fusion_threshold=4MiB")
+    compression, rest = split_compression(knobs)
+    assert compression == Compression.powersgd(rank=4)
+    assert rest == {"fusion_threshold": "4MiB"}
+    assert split_compression({"compression": "topk", "topk_ratio": "0.1"})[0] == \
+        Compression.topk(ratio=0.1)
+    assert split_compression({"compression": "none"})[0] is NoneCompressor
+    assert split_compression({"credit_bytes": "0"}) == (None, {"credit_bytes": "0"})
+    with pytest.raises(ConfigError, match="powersgd_rank"):
+        split_compression({"compression": "powersgd", "powersgd_rank": "0"})
+
+
+# A model's gradients: w 20 x 30 float32 (600), b 20 (1-D), c 2 x 3 x 4 (n 2, m 12).
+SHAPES = [((20, 30), 4), ((20,), 4), ((2, 3, 4), 4)]
+
+
+def test_bytes_per_iteration_hvd_and_ddp_powersgd() -> None:
+    from commsched.bench.compression_speed import DdpPowerSGD, ddp_powersgd_bytes, hvd_bytes
+
+    # 644 floats: 2576 B, or 1288 B as fp16; 2 ranks on a ring send 2 x 1/2 of the buffer.
+    assert hvd_bytes(SHAPES, 2).payload == 2576 and hvd_bytes(SHAPES, 2).sent == 2576
+    assert hvd_bytes(SHAPES, 2, fp16=True).payload == 1288
+    assert hvd_bytes(SHAPES, 4).sent == pytest.approx(2576 * 1.5)
+    # Rank 2: w -> (20 + 30) x 2 = 100 floats (100 x 2 x 2 < 600); b stays (20); c: r = 2,
+    # (2 + 12) x 2 x 2 = 56 >= 24, stays (24). 144 floats = 576 B.
+    assert ddp_powersgd_bytes(SHAPES, 2, DdpPowerSGD(rank=2)).payload == 576
+    # Rank 4: w: 200 x 2 = 400 < 600 -> 200 floats; 244 floats = 976 B.
+    assert ddp_powersgd_bytes(SHAPES, 2, DdpPowerSGD(rank=4)).payload == 976
+
+
+def test_bytes_per_iteration_of_commsched_plans() -> None:
+    from commsched.bench.compression_speed import plan_bytes
+    from commsched.plan import Block, Collective, Piece, Plan
+
+    # One all-reduce of 144 floats (b, P, Q of the test above) and top-k's two all-gathered
+    # tensors of 3 ranks x 7 entries (float32 values, int32 indices).
+    plan = Plan("x", (Block(0, (Piece(1, 0, 20), Piece(3, 0, 40), Piece(4, 0, 60),
+                                Piece(2, 0, 24)), "float32"),
+                      Block(1, (Piece(5, 0, 21),), "float32", Collective.ALL_GATHER),
+                      Block(2, (Piece(6, 0, 21),), "int32", Collective.ALL_GATHER)))
+    wire = plan_bytes(plan, 3)
+    # Payload: 576 B all-reduced + this rank's 7 x 4 B of each gathered tensor.
+    assert wire.payload == pytest.approx(576 + 28 + 28)
+    # Sent on a ring of 3: 2 x 2/3 x 576 + 2/3 x (84 + 84).
+    assert wire.sent == pytest.approx(768 + 112)
+
+
+def test_compression_targets_lines() -> None:
+    from commsched.bench.compression_speed import targets
+
+    rows = [{"name": "hvd", "median_ms": 100.0},
+            {"name": "torch-ddp-powersgd?rank=4", "median_ms": 50.0},
+            {"name": "commsched:horovod?compression=powersgd&powersgd_rank=4", "median_ms": 48.0},
+            {"name": "commsched:mgwfbp?compression=powersgd&powersgd_rank=4", "median_ms": 40.0},
+            {"name": "commsched:horovod?compression=topk&topk_ratio=0.01", "median_ms": 70.0}]
+    assert targets(rows) == [
+        "* commsched:mgwfbp?compression=powersgd&powersgd_rank=4 / torch-ddp-powersgd?rank=4: "
+        "0.80x (target <= 0.9x: met)",
+        "* commsched:mgwfbp?compression=powersgd&powersgd_rank=4 / hvd: 0.40x "
+        "(target <= 0.6x: met)",
+        "* commsched:horovod?compression=topk&topk_ratio=0.01 / torch-ddp-powersgd?rank=4: 1.40x",
+        "* commsched:horovod?compression=topk&topk_ratio=0.01 / hvd: 0.70x"]
