@@ -23,7 +23,8 @@ from .plan import Plan
 from .runtime import checkpoint
 from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
-from .runtime.session import Session, WrapOptions
+from .runtime.session import Session
+from .runtime.wrap import WrapOptions
 
 _STEP_AFTER_SYNCHRONIZE = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "

@@ -27,6 +27,7 @@ import commsched
 
 from ..outputs import OutputPathError, prepare_dir
 from ..torch_compat import ddp_kwargs
+from .compare_report import bound_lines, markdown_table, write_outputs
 from .compression_speed import (
     HVD_FP16,
     candidate_bytes,
@@ -262,101 +263,6 @@ def typed_command(module: str, argv: list[str] | None) -> str:
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def markdown_table(rows: list[dict]) -> str:
-    predicted = any("predicted_ms" in r for r in rows)
-    floor = any("vs_floor" in r for r in rows)
-    wire = any("payload_bytes" in r for r in rows)
-    extra = (" vs floor |" if floor else "") + (" predicted ms | error |" if predicted else "") \
-        + (" payload MB/iter | sent MB/iter |" if wire else "")
-    lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |"
-             + extra,
-             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if floor else "")
-             + ("---:|---:|" if predicted else "") + ("---:|---:|" if wire else "")]
-    for r in rows:
-        line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
-                f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
-                f"| {_ratio(r.get('vs_bound'))} |")
-        if floor:
-            line += f" {_ratio(r.get('vs_floor'))} |"
-        if predicted:
-            value, error = r.get("predicted_ms"), r.get("prediction_error")
-            line += (f" {'-' if value is None else f'{value:.1f}'} "
-                     f"| {'-' if error is None else f'{100 * error:.0f}%'} |")
-        if wire:
-            line += "".join(f" {_megabytes(r.get(k))} |" for k in ("payload_bytes", "sent_bytes"))
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _megabytes(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e6:.3f}"
-
-
-def _ratio(value: float | None) -> str:
-    return f"{value:.3f}" if value is not None else "-"
-
-
-def bound_lines(bound: dict) -> str:
-    def ms(v: float | None) -> str:
-        return f"{v:.1f} ms" if v is not None else "-"
-    waiting = bound["hvd_waiting_fraction"]
-    text = (f"compute (local, no comm): {ms(bound['compute_ms'])}; minimal communication (one "
-            f"all-reduce of all gradients): {ms(bound['min_comm_ms'])}; bound max(compute, comm): "
-            f"{ms(bound['bound_ms'])}; hvd waits on communication "
-            f"{'-' if waiting is None else f'{100 * waiting:.0f}%'} of its iteration")
-    if bound.get("floor_ms") is not None:
-        binding = bound["floor_binding"]
-        shown = ", ".join(binding[:3]) + (f" and {len(binding) - 3} more" if len(binding) > 3
-                                          else "")
-        text += (f"\nfloor of any cross-iteration schedule (from {bound['floor_from']}'s "
-                 f"profile): {ms(bound['floor_ms'])}; synchronous semantics add "
-                 f"{ms(bound['floor_gap_ms'])} to that profile's naive bound "
-                 f"({ms(bound['floor_naive_ms'])}); its tightest window carries {shown}")
-    return text
-
-
-def auto_line(verdict: dict | None) -> str:
-    if not verdict:
-        return ""
-    predicted = verdict["auto_predicted_ms"]
-    return (f"\n`auto` picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
-            f"{'-' if predicted is None else f'{predicted:.1f} ms'}); measured fastest commsched "
-            f"candidate: {verdict['measured_fastest']}; picked the fastest policy: "
-            f"{'yes' if verdict['picked_fastest'] else 'no'}\n")
-
-
-def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "bound": bound, "rows": rows}, handle, indent=1)
-    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
-        network = f", {meta['network']}" if meta.get("network") else ""
-        handle.write(f"# {meta['model']} on {meta['world_size']} ranks{network}\n\n"
-                     f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n\n"
-                     f"{bound_lines(bound)}\n" + auto_line(bound.get("auto")))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.barh([r["name"] for r in rows], [r["median_ms"] for r in rows],
-            xerr=[[r["median_ms"] - r["p10_ms"] for r in rows],
-                  [r["p90_ms"] - r["median_ms"] for r in rows]])
-    if bound.get("bound_ms"):
-        ax.axvline(bound["bound_ms"], color="red", linestyle="--",
-                   label="bound max(compute, min comm)")
-    if bound.get("floor_ms"):
-        ax.axvline(bound["floor_ms"], color="black", linestyle=":",
-                   label="floor of a cross-iteration schedule")
-    if bound.get("bound_ms") or bound.get("floor_ms"):
-        ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlabel("median iteration time (ms), whiskers p10-p90")
-    ax.set_title(f"{meta['model']}, {meta['world_size']} ranks")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "results.png"), dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

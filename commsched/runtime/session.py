@@ -10,7 +10,9 @@ What happens to one gradient (read top to bottom):
                overlap plans: `step_deferred` launches the rest and returns; the runner takes
                the gradients out of ``p.grad`` (the engine still writes them) and applies each
                group's update in the next forward pass (commsched.runtime.overlap)
-DistributedOptimizer keeps Horovod's surface and delegates everything else here.
+DistributedOptimizer keeps Horovod's surface and delegates everything else here. Beside this
+file: `wrap.py` (the options and specs), `elastic.py` (re-binding in an elastic Horovod job),
+`compressed_intake.py` (a compressed tensor's hook) and `release.py` (a dropped wrapper's release).
 """
 
 from __future__ import annotations
@@ -18,67 +20,36 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import _C
-from ..compression import Compressor, LossyCompression
 from ..config import Config, Policy
 from ..ops import ReduceOp
 from ..outputs import prepare_file
-from ..plan import Plan, TensorSpec, dtype_name
+from ..plan import Plan
 from ..world import World, bootstrap, check_identical, parameter_signature, registry
 from ..world.errors import elastic
 from ..world.process_sets import world_for
 from .clock import StepClock
 from .compressed import CompressedGradients, check_compression_allowed
+from .compressed_intake import CompressedIntake
 from .deferred import DeferredUpdates
+from .elastic import ElasticBinding
 from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
+from .release import Resources, release, release_orphans
 from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
+from .wrap import TOO_MANY_BACKWARDS, WrapOptions, dense_layout, make_specs
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 _activity = registry.activity
 
-TOO_MANY_BACKWARDS = (
-    "Gradients were computed more than backward_passes_per_step times before call to step(). "
-    "Increase backward_passes_per_step to accumulate gradients locally.")
-
-
-@dataclass(frozen=True)
-class WrapOptions:
-    """What DistributedOptimizer was given, validated."""
-
-    compression: type[Compressor]
-    backward_passes_per_step: int
-    op: ReduceOp
-    predivide: float
-    group_of: dict[int, int]
-    sparse_as_dense: bool
-    model: Any
-    lossy: LossyCompression | None = None  # PowerSGD or top-k (commsched.runtime.compressed)
-    process_set: Any = None  # Horovod's: an hvd.ProcessSet or a list of ranks; None: every rank
-
-
-def make_specs(named: Sequence[tuple[str, torch.Tensor]],
-               group_of: dict[int, int]) -> list[TensorSpec]:
-    """One spec per parameter that needs a gradient, in forward (declaration) order."""
-    specs: list[TensorSpec] = []
-    for name, p in named:
-        if not p.requires_grad:
-            continue
-        tid = len(specs)
-        specs.append(TensorSpec(tid, name, p.numel(), dtype_name(p.dtype), p.element_size(),
-                                forward_index=tid, group=group_of.get(id(p))))
-    return specs
-
-
-class Session:
+class Session(ElasticBinding, CompressedIntake):
     # Made by `_bind` for the world of now: at wrap time, or in an elastic Horovod job at the
     # first step and again whenever that world was re-formed (Note [Elastic Horovod]).
     world: World
@@ -90,7 +61,7 @@ class Session:
     def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                  named: list[tuple[str, torch.Tensor]], options: WrapOptions,
                  config: Config) -> None:
-        _release_orphans()
+        release_orphans()
         self.config = config
         self.options = options
         self.elastic = elastic()
@@ -127,14 +98,9 @@ class Session:
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.runner: OverlapRunner | None = None
         self.compressed: CompressedGradients | None = None
-        # Note [a dropped optimizer releases its engine]: nothing the engine, the hooks or the
-        # groups hold refers back to the optimizer or this session (the hooks and the engine's
-        # iteration read them through weak references), so a dropped wrapper is collected, and
-        # this finalizer then stops the engine's threads and destroys its groups. close() runs it
-        # at once. Only the thread that wrapped releases: one elsewhere (a garbage collection
-        # in a heartbeat thread) leaves it to the next wrap or commsched.shutdown().
-        self._resources = _Resources(None, None, [], threading.get_ident())
-        self._release = weakref.finalize(optimizer, _release, self._resources)
+        # Note [a dropped optimizer releases its engine] (runtime/release.py).
+        self._resources = Resources(None, None, [], threading.get_ident())
+        self._release = weakref.finalize(optimizer, release, self._resources)
         self._release.atexit = False  # at exit commsched.shutdown() stops what is left
         self._bound = False  # whether engine, plan and world exist (see _bind)
         if not self.elastic:
@@ -187,51 +153,11 @@ class Session:
         self.lifecycle.start(self.iteration)
         self._bound = True
 
-    @property
-    def stale(self) -> bool:
-        """Whether this session must (re)bind before its next collective: never bound, or its
-        world is broken or was re-formed (an elastic job only; Note [Elastic Horovod])."""
-        return self.elastic and (not self._bound or bootstrap.stale()
-                                 or self.world is not bootstrap.world())
-
-    def _rebind(self) -> None:
-        """Stops this session's engine (its world failed or changed) and binds to the world of
-        now, with a plan for its size; the iteration-local counts start over."""
-        if self._bound:
-            self.engine.shutdown()  # no wait: its collectives may have failed
-        self._bound = False
-        self._abandon_iteration()
-        self._bind()
-
-    def _abandon_iteration(self) -> None:
-        """Forgets the gradients handed over in an iteration that failed: Horovod's elastic loop
-        restores the last commit and runs the iteration again."""
-        self._reset_counts()
-        self._gradients_started = False
-
     def _reset_counts(self) -> None:
         self._delay = [self.passes] * len(self.specs)
         self._handed = self._marked = 0
         if self._bound:
             self.sparse.reset(self.passes)
-
-    def _elastic_guard(self, call: Callable[[], None]) -> None:
-        """Runs `call`; in an elastic job a failure first abandons the iteration, so that the
-        restored run starts it clean."""
-        try:
-            call()
-        except RuntimeError:
-            if self.elastic:
-                self._abandon_iteration()
-            raise
-
-    @property
-    def elastic_state_step(self) -> bool:
-        """Whether step() is Horovod's state initialisation of an elastic sync: an optimizer with
-        no state yet steps once on zero gradients, on the ranks that lack state only (a joining
-        worker), outside any iteration. Horovod's own optimizer steps locally there, and so does
-        this one: no gradient was handed over and the world is not yet formed for this run."""
-        return self.elastic and not self._gradients_started and self.stale
 
     def _check_ranks_agree(self, routed: list[tuple[str, torch.Tensor]]) -> None:
         check_identical(self.world, "wrapped parameters (name, shape, dtype)",
@@ -307,60 +233,8 @@ class Session:
             session._handed += 1
             if remaining == 1:
                 session._marked += 1
-                session._mark_ready(tensor_id, _dense_layout(param))
+                session._mark_ready(tensor_id, dense_layout(param))
         return hook
-
-    def _compressed_hook(self, tensor_id: int):
-        """The gradient hook of a tensor that compression may carry: while compressing, the
-        gradient goes to the compressor (which hands its wire tensors to the engine)."""
-        plain = self._gradient_hook(tensor_id)
-        compressed = self.compressed
-        assert compressed is not None
-        index = compressed.ids.index(tensor_id)
-        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
-
-        def hook(param: torch.Tensor) -> None:
-            if not compressed.on:
-                plain(param)
-                return
-            session = this()
-            if session is None:
-                return
-            if not session._gradients_started:
-                session._first_gradient()
-            remaining = session._delay[tensor_id]
-            if remaining <= 0:
-                raise AssertionError(TOO_MANY_BACKWARDS)
-            if param.grad is None:
-                return
-            if param.grad.is_sparse:
-                session._densify(tensor_id, param)
-            session._delay[tensor_id] = remaining - 1
-            session._handed += 1
-            if remaining == 1:
-                session._marked += 1
-                compressed.hand_over(index, _dense_layout(param))
-        return hook
-
-    def _compression_switch(self) -> None:
-        """Compression starts at its start_step: from then on the plans carry its wire tensors
-        (commsched.plan.compressed); the plan in place is rebuilt when it starts mid-run."""
-        compressed = self.compressed
-        if compressed is None or compressed.on \
-                or self.iteration < compressed.lossy.start_step:
-            return
-        compressed.on = True
-        self.lifecycle.wire = compressed.layout
-        if self.iteration > 0:
-            self.lifecycle.reinstall(self.iteration)
-
-    def compression_restored(self) -> None:
-        """After load_state_dict(): compressing or not as the saved run was at this iteration
-        (the restored plan already carries the wire tensors if it was)."""
-        compressed = self.compressed
-        if compressed is not None and self.iteration >= compressed.lossy.start_step:
-            compressed.on = True
-            self.lifecycle.wire = compressed.layout
 
     def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
         """Note [sparse gradients without a route]: a sparse gradient of a parameter the plan
@@ -429,7 +303,7 @@ class Session:
                 param.grad = torch.zeros_like(param)
             elif param.grad.is_sparse:
                 self._densify(tensor_id, param)
-            self.engine.mark_ready(tensor_id, _dense_layout(param))
+            self.engine.mark_ready(tensor_id, dense_layout(param))
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
@@ -524,47 +398,3 @@ class Session:
             self.runner.remove()
 
 
-@dataclass
-class _Resources:
-    """What a session holds that outlives it unless released: the engine (its threads and
-    group), the sparse route's group and the gradient hooks; and the thread that may release
-    them. Nothing here refers to the session or the optimizer."""
-
-    engine: EngineHandle | None  # None until the session binds (Note [Elastic Horovod])
-    sparse: SparseExchange | None
-    hooks: list[Any]
-    owner: int
-
-
-_orphans: list[_Resources] = []  # collected in another thread, released by the next wrap
-
-
-def _release(resources: _Resources) -> None:
-    if threading.get_ident() != resources.owner:
-        _orphans.append(resources)
-        return
-    for handle in resources.hooks:
-        handle.remove()
-    resources.hooks.clear()
-    if resources.engine is not None:
-        resources.engine.shutdown()
-    if resources.sparse is not None:
-        resources.sparse.close()
-
-
-def _release_orphans() -> None:
-    while _orphans:
-        resources = _orphans.pop()
-        resources.owner = threading.get_ident()
-        _release(resources)
-
-
-def _dense_layout(param: torch.Tensor) -> torch.Tensor:
-    """The gradient in row-major layout (channels-last or transposed parameters get strided
-    gradients): the engine splits gradients into partitions of the flattened tensor and reduces
-    them in place, which needs one contiguous buffer. The optimizer accepts either layout."""
-    grad = param.grad
-    assert grad is not None
-    if not grad.is_contiguous():
-        param.grad = grad = grad.contiguous()
-    return grad
