@@ -235,20 +235,25 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
 
 
 def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dict | None:
-    """Rank 0: the floor of any cross-iteration schedule from the first profiled uncompressed
-    commsched candidate (sim/floor.py), never below the measured naive bound (both are lower
-    bounds), and each row's distance to it. Returns the profile document it came from."""
+    """Rank 0: the floor of any cross-iteration schedule (sim/floor.py) from a profiled
+    uncompressed commsched candidate, preferring one whose profile knows each tensor's first
+    user (the overlap policies record it; without it every tensor counts as due at the next
+    backward, which hides what synchronous semantics cost), its network calibrated to the
+    measured all-reduce of every gradient; never below the measured naive bound (both are
+    lower bounds); and each row's distance to it. Returns the profile document it came from."""
+    from ..sim import profile_from_document
     from .validate import floor_summary
 
     # A compressed candidate's floor would assume its whole gradients on the wire.
-    profiled = [c for c in candidates
+    profiled = [(c, c.optimizer.session.profile_document()) for c in candidates
                 if c.profile_path and lossy_of(parse_candidate(c.name)[1]) is None]
     if not profiled:
         return None
-    document = profiled[0].optimizer.session.profile_document()
-    summary = floor_summary(document)
+    with_modules = [(c, d) for c, d in profiled if profile_from_document(d).has_module_info]
+    source, document = (with_modules or profiled)[0]
+    summary = floor_summary(document, bound.get("min_comm_ms"))
     floor = max(summary["floor_ms"], bound.get("bound_ms") or 0.0)
-    bound.update(summary, floor_ms=floor, floor_from=profiled[0].name)
+    bound.update(summary, floor_ms=floor, floor_from=source.name)
     for row in rows:
         row["vs_floor"] = row["median_ms"] / floor if floor else None
     return document

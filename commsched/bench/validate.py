@@ -10,7 +10,7 @@ from typing import Any
 
 from ..compression import LossyCompression
 from ..config import Policy
-from ..plan import Plan
+from ..plan import Collective, NetModel, Plan
 from ..sim import FittedNetwork, Mode, profile_from_document, simulate
 from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
@@ -32,12 +32,23 @@ def predict_ms(document: dict, plan: Plan, policy: Policy,
                           compressor=compressed.compute).iteration_s
 
 
-def floor_summary(document: dict) -> dict[str, Any]:
-    """The floor of any cross-iteration schedule (sim/floor.py) from one candidate's profile and
-    its fitted network."""
-    floor = schedule_floor(profile_from_document(document), FittedNetwork.from_document(document))
+def floor_summary(document: dict, allreduce_all_ms: float | None = None) -> dict[str, Any]:
+    """The floor of any cross-iteration schedule (sim/floor.py) from one candidate's profile.
+
+    The network is the profile's fitted all-reduce, except that with `allreduce_all_ms` (one
+    measured all-reduce of every gradient) its per-byte cost is the one that makes that
+    all-reduce take what was measured: the fit comes from per-tensor collectives, which on a
+    token-bucket-shaped link ride its burst and understate the cost of bulk transfers."""
+    run = profile_from_document(document)
+    net = FittedNetwork.from_document(document)
+    if allreduce_all_ms is not None and run.total_bytes > 0:
+        alpha = net.allreduce_model().alpha
+        beta = max(allreduce_all_ms / 1e3 - alpha, 0.0) / run.total_bytes
+        net = FittedNetwork({Collective.ALLREDUCE: NetModel(alpha, beta)}, net.world_size)
+    floor = schedule_floor(run, net)
     return {"floor_ms": 1e3 * floor.floor_s, "floor_naive_ms": 1e3 * floor.naive_s,
-            "floor_gap_ms": 1e3 * floor.gap_s, "floor_binding": list(floor.binding)}
+            "floor_gap_ms": 1e3 * floor.gap_s, "floor_binding": list(floor.binding),
+            "floor_module_info": run.has_module_info}
 
 
 def add_predictions(rows: list[dict[str, Any]], predicted: dict[str, float]) -> None:

@@ -50,6 +50,9 @@ def test_floor_column_and_line() -> None:
     summary = floor_summary(doc)
     assert summary["floor_ms"] == pytest.approx(102.0)
     assert summary["floor_gap_ms"] == pytest.approx(18.0)
+    # Calibrated to a measured all-reduce of all 4000 B in 82 ms: beta = 20 us/B, and the
+    # window of both tensors needs 70 - 10 + 2 + 80 = 142 ms.
+    assert floor_summary(doc, 82.0)["floor_ms"] == pytest.approx(142.0)
     rows = [{"name": "hvd", "median_ms": 204.0, "p10_ms": 200.0, "p90_ms": 210.0, "vs_hvd": 1.0,
              "vs_torch-ddp": None, "vs_bound": 2.0, "vs_floor": 2.0}]
     assert markdown_table(rows).splitlines()[2].endswith("| 2.000 | 2.000 |")
