@@ -107,7 +107,7 @@ class Session(ElasticBinding, CompressedIntake):
             self._bind()
         compressed_ids: set[int] = set() if self.compressed is None else set(self.compressed.ids)
         self._hooks = [p.register_post_accumulate_grad_hook(
-            self._compressed_hook(tid) if tid in compressed_ids else self._gradient_hook(tid))
+            self._gradient_hook(tid, self.compressed if tid in compressed_ids else None))
             for tid, p in enumerate(self.params) if p.numel() > 0]
         self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
@@ -213,8 +213,12 @@ class Session(ElasticBinding, CompressedIntake):
             self.runner.finish()
         self.clock.first_gradient()
 
-    def _gradient_hook(self, tensor_id: int):
+    def _gradient_hook(self, tensor_id: int, compressed: CompressedGradients | None = None):
+        """The hook that hands a parameter's finished gradient over: to the engine, or, for a
+        tensor compression carries while it is on, to the compressor (which hands its wire
+        tensors to the engine)."""
         this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
+        index = -1 if compressed is None else compressed.ids.index(tensor_id)
 
         def hook(param: torch.Tensor) -> None:
             session = this()
@@ -233,7 +237,10 @@ class Session(ElasticBinding, CompressedIntake):
             session._handed += 1
             if remaining == 1:
                 session._marked += 1
-                session._mark_ready(tensor_id, dense_layout(param))
+                if compressed is not None and compressed.on:
+                    compressed.hand_over(index, dense_layout(param))
+                else:
+                    session._mark_ready(tensor_id, dense_layout(param))
         return hook
 
     def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
