@@ -52,13 +52,16 @@ class StepClock:
         self.step_end_us = _C.now_us()
         self._waited_at_step_end = self._engine.waited_s
 
-    def first_gradient(self) -> None:
+    def first_gradient(self, updates_s: float = 0.0) -> None:
         """At an iteration's first gradient: records the compute before backward, from the end
-        of the last step() to now, minus the time the training thread spent waiting on the
-        engine (overlap plans wait in the forward pass)."""
+        of the last step() to now, minus what an overlap plan does in the forward pass besides
+        computing: the time the training thread spent waiting on the engine, and `updates_s`,
+        the deferred updates applied meanwhile (the profile counts them in step_s already; in
+        both places they would shift every gradient's window by the update time, and the
+        simulator and the floor would charge the update twice)."""
         if self.step_end_us < 0:
             return
         engine = self._engine
         elapsed = (_C.now_us() - self.step_end_us) / 1e6
-        engine.profiler.note("before_first_ready_s",
-                             max(elapsed - (engine.waited_s - self._waited_at_step_end), 0.0))
+        waited = engine.waited_s - self._waited_at_step_end
+        engine.profiler.note("before_first_ready_s", max(elapsed - waited - updates_s, 0.0))

@@ -183,6 +183,10 @@ class OverlapRunner:
         else:
             self._set_mode(HookMode.RECORDING if recording else HookMode.OFF)
 
+    def update_seconds_so_far(self) -> float:
+        """Time spent applying updates since the last take_update_seconds() (at step())."""
+        return self._update_us / 1e6
+
     def take_update_seconds(self) -> float:
         """Time spent applying updates since the last call (the profiler's step_s)."""
         seconds, self._update_us = self._update_us / 1e6, 0

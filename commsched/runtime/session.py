@@ -211,7 +211,8 @@ class Session(ElasticBinding, CompressedIntake):
         if self.runner is not None and self.runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
             self.runner.finish()
-        self.clock.first_gradient()
+        self.clock.first_gradient(self.runner.update_seconds_so_far()
+                                  if self.runner is not None else 0.0)
 
     def _gradient_hook(self, tensor_id: int, compressed: CompressedGradients | None = None):
         """The hook that hands a parameter's finished gradient over: to the engine, or, for a
