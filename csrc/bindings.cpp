@@ -1,4 +1,12 @@
-// Python bindings of commsched._C. Every call that may block releases the GIL.
+// Python bindings of commsched._C.
+//
+// Note [No GIL under an engine lock]
+// Every call that takes one of the engine's locks (or may block) releases the GIL first. A
+// thread holding such a lock may itself need the GIL: freeing the last reference to a tensor
+// whose Python object C++ keeps alive takes the GIL (torch's PyObject preservation), and the
+// caller's thread resets the iteration's gradients under the engine's mutex. A thread that
+// held the GIL while waiting for that mutex (the liveness thread asks every second which
+// tensors are not ready) would then freeze the whole process, heartbeats included.
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -107,12 +115,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            },
            py::arg("blocks"))
       .def("mark_ready", &Engine::mark_ready, py::call_guard<py::gil_scoped_release>())
-      .def("is_ready", &Engine::is_ready)
-      .def("not_ready_tensors", &Engine::not_ready_tensors)
+      .def("is_ready", &Engine::is_ready, py::call_guard<py::gil_scoped_release>())
+      .def("not_ready_tensors", &Engine::not_ready_tensors, py::call_guard<py::gil_scoped_release>())
       .def("wait_all", &Engine::wait_all, py::call_guard<py::gil_scoped_release>())
       .def("wait_block", &Engine::wait_block, py::call_guard<py::gil_scoped_release>())
-      .def("release", &Engine::release)
-      .def("set_credit", &Engine::set_credit)
+      .def("release", &Engine::release, py::call_guard<py::gil_scoped_release>())
+      .def("set_credit", &Engine::set_credit, py::call_guard<py::gil_scoped_release>())
       .def("set_local_ready_events", &Engine::set_local_ready_events)
       .def("last_ready_us", &Engine::last_ready_us, py::call_guard<py::gil_scoped_release>())
       .def("last_block_timings",
@@ -130,7 +138,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       .def("last_clocks",
            [](Engine& self) {
-             const auto clocks = self.last_clocks();
+             commsched::Clocks clocks;
+             {
+               py::gil_scoped_release release;
+               clocks = self.last_clocks();
+             }
              py::dict out;
              out["ready"] = commsched::clock_name(clocks.ready);
              out["collective"] = commsched::clock_name(clocks.collective);
@@ -140,8 +152,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_timeline", [](Engine& self, bool on) { self.timeline().set_enabled(on); })
       .def("drain_events",
            [](Engine& self) {
+             std::vector<commsched::TimelineEvent> events;
+             {
+               py::gil_scoped_release release;
+               events = self.timeline().drain();
+             }
              py::list out;
-             for (const auto& e : self.timeline().drain())
+             for (const auto& e : events)
                out.append(py::make_tuple(e.name, std::string(1, e.phase), e.ts_us, e.dur_us,
                                          e.lane, e.block_id, e.bytes, e.op, e.clock));
              return out;
