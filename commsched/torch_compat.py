@@ -9,6 +9,9 @@ Differences bridged here (torch version that changed it):
 
 * 2.13: ``DistributedDataParallel(broadcast_buffers=...)`` became ``forward_sync_buffers=...``;
   the old argument warns from 2.13 on and older torch lacks the new one: `ddp_kwargs`.
+* every version: torch wraps each optimizer class's ``step`` in a function that opens a profiler
+  range and runs the step hooks, marked ``hooked`` with the original as ``__wrapped__``:
+  `unhooked_step` (a call from inside an already wrapped ``step`` must not run them again).
 * 2.11: Gloo's worker threads are named ``pt_gloo_runloop``; before, they carry the name of the
   thread that imported torch: `GLOO_WORKER_THREAD_NAME`.
 
@@ -56,6 +59,13 @@ def is_supported(version: str) -> bool:
 
 def supported_range() -> str:
     return f"{MIN_TORCH} to {MAX_TESTED_TORCH}.x"
+
+
+def unhooked_step(cls: type[torch.optim.Optimizer]) -> Any:
+    """`cls`'s ``step`` without torch's wrapper (profiler range, step pre/post hooks): for calls
+    made from inside a step() that already ran them once."""
+    step = cls.step
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
 
 
 def ddp_kwargs(*, sync_buffers: bool) -> dict[str, Any]:

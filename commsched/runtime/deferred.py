@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..torch_compat import unhooked_step
 from .clock import UpdateTimer
 from .profiler import EventSpan
 
@@ -151,8 +152,7 @@ class DeferredUpdates:
         self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         # torch wraps every optimizer class's step with profiler spans and the step hooks; the
         # user's step() already ran that wrapper once, so the subsets call the step itself.
-        hooked = getattr(base_cls.step, "hooked", False)  # torch's own wrapper, not the user's
-        self._step = base_cls.step.__wrapped__ if hooked else base_cls.step  # type: ignore[attr-defined]
+        self._step = unhooked_step(base_cls)
         # Splitting one update into calls on subsets is exact for torch's own optimizers, which
         # update each parameter from its own gradient and state; others may clip by a global
         # norm or sum over every parameter (LAMB, D-Adaptation), and GradScaler hands a fused

@@ -158,3 +158,23 @@ def test_overlap_policies_need_the_model_and_refuse_lbfgs(model) -> None:
     with pytest.raises(ValueError, match="LBFGS needs all gradients at once.*policy='horovod'"):
         commsched.DistributedOptimizer(lbfgs, named_parameters=model.named_parameters(),
                                        policy="bytescheduler", model=model)
+
+
+@pytest.mark.parametrize("policy", ["horovod", "mgwfbp", "bytescheduler", "dear", "auto"])
+def test_step_hooks_run_once_per_step(policy: str) -> None:
+    """torch wraps both the wrapper's step() and the user's class's step() in its hook-running
+    function; the inner one must be skipped, or an EMA post-hook would run twice per step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), model=model,
+                                         policy=policy, profile_steps=2)
+    calls: list[str] = []
+    opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    for _ in range(6):  # profiling steps, then the policy's plan
+        opt.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+    assert calls == ["pre", "post"] * 6
+    opt.session.close()
