@@ -7,7 +7,7 @@ set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 OUT="${OUT:-benchmarks/overhead}"
-ROUNDS="${ROUNDS:-12}"
+ROUNDS="${ROUNDS:-24}"
 export OVERHEAD_COMMAND="scripts/bench_overhead.sh"
 .venv/bin/python -m commsched.bench.overhead --device cpu --rounds "$ROUNDS" --out "$OUT/cpu"
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then

@@ -35,6 +35,15 @@ done
   echo "Command: \`RATES=\"$RATES\" THREE_RANKS_RATE=$THREE_RANKS_RATE scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run (the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); 28 warm-up steps per candidate cover its profiling steps, its 20-step check and its one re-plan."
   echo
   .venv/bin/python -m commsched.bench.validate "${results[@]}"
+  compressed=(benchmarks/compression_speed/*/results.json)
+  if [ -e "${compressed[0]}" ]; then
+    echo
+    echo "## Compressed runs"
+    echo
+    echo "The runs of benchmarks/compression_speed (\`scripts/bench_compression_speed.sh\`, 2 ranks at 1 Gbit/s), each compressed plan simulated with the compressor's own wire tensors and measured compute (sim/compressed.py) instead of a bare ratio; target: within 15%."
+    echo
+    .venv/bin/python -m commsched.bench.validate "${compressed[@]}"
+  fi
   for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done
 } > "$OUT/README.md"
 echo "bench_sim: wrote $OUT/README.md" >&2

@@ -2,7 +2,7 @@
 policy and `auto` beside the plain optimizer, on the built-in models (and GPT-2 124M where
 `transformers` is importable and a GPU is used). Rounds are interleaved so that machine noise
 hits every candidate alike; each candidate's figure is its best per-round median, and the ratio
-is that over the plain optimizer's.
+is that over the plain optimizer's. A second plain optimizer (the control) shows the noise.
 
     python -m commsched.bench.overhead --device cpu --out benchmarks/overhead/cpu
 """
@@ -32,6 +32,9 @@ from .models import ModelName, batch, build, loss_fn
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
 PLAIN = "plain"
+# A second plain optimizer on its own copy of the model: what it measures against the first is
+# the noise floor of the table (the machine, and each model instance's memory layout).
+CONTROL = "plain (control)"
 GPT2 = "gpt2"
 
 
@@ -94,10 +97,10 @@ def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
 
 def make_candidates(work: Workload, optimizer: str, policies: list[str]) -> list[Candidate]:
     out = []
-    for label in [PLAIN, *policies]:
+    for label in [PLAIN, CONTROL, *policies]:
         model = work.make_model()
         opt = _optimizer(model, optimizer)
-        if label != PLAIN:
+        if label not in (PLAIN, CONTROL):
             opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                  model=model, policy=label)
         out.append(Candidate(label, model, opt))
@@ -171,6 +174,8 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
     synchronous <= 1.03x, overlap <= 1.05x."""
     out = []
     for row in rows[1:]:
+        if row["candidate"] == CONTROL:
+            continue
         if device == "cpu" and model in ("cnn", "transformer", "mlp"):
             limit = 1.10 if model == "mlp" else 1.03
         elif device == "cuda" and model == GPT2:
@@ -188,8 +193,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              f"Command: `{meta['command']}`", "",
              f"torch {meta['torch']}, {meta['optimizer']}, {meta['rounds']} rounds x "
              f"{meta['steps']} steps after {meta['warmup']} warm-up steps, "
-             f"`torch.set_num_threads({meta['threads']})`; figure: each candidate's best "
-             "per-round median; ratio over the plain optimizer's.", ""]
+             f"`torch.set_num_threads({meta['threads']})`; rounds interleaved, a new order "
+             "every round; figure: each candidate's best per-round median; ratio "
+             f"over the plain optimizer's. `{CONTROL}` is a second plain optimizer on its own "
+             "copy of the model: its distance from 1.000 is the noise of the table.", ""]
     for result in results:
         lines += [f"## {result['model']}", "",
                   "| candidate | best median ms | vs plain | plan installed | update groups |",
