@@ -65,7 +65,7 @@ def unhooked_step(cls: type[torch.optim.Optimizer]) -> Any:
     """`cls`'s ``step`` without torch's wrapper (profiler range, step pre/post hooks): for calls
     made from inside a step() that already ran them once."""
     step = cls.step
-    return step.__wrapped__ if getattr(step, "hooked", False) else step
+    return getattr(step, "__wrapped__", step) if getattr(step, "hooked", False) else step
 
 
 def ddp_kwargs(*, sync_buffers: bool) -> dict[str, Any]:
