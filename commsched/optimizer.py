@@ -102,7 +102,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
         self._cs_synchronized = False
-        return session.update(lambda: session.base_step(self, closure), closure)
+        return session.update(lambda: session.deferred.base_step(self, closure), closure)
 
     def _cs_local_step(self) -> Any:
         """The user optimizer's own step, with no reduction (see Note [local step] in

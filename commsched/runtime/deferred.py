@@ -151,8 +151,10 @@ class DeferredUpdates:
         self._snapshots = HyperParameterSnapshots(user)
         self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
         # torch wraps every optimizer class's step with profiler spans and the step hooks; the
-        # user's step() already ran that wrapper once, so the subsets call the step itself.
-        self._step = unhooked_step(base_cls)
+        # user's step() already ran that wrapper once, so the subsets (and the wrapper's own
+        # synchronous update, from inside that step()) call the step itself: through the
+        # wrapper again, the user's step hooks would run twice per step.
+        self.base_step = unhooked_step(base_cls)
         # Splitting one update into calls on subsets is exact for torch's own optimizers, which
         # update each parameter from its own gradient and state; others may clip by a global
         # norm or sum over every parameter (LAMB, D-Adaptation), and GradScaler hands a fused
@@ -190,7 +192,7 @@ class DeferredUpdates:
         if grads is not None:
             for param, grad in zip(params, grads, strict=True):
                 param.grad = grad
-        self._step(self._optimizer_for(params))
+        self.base_step(self._optimizer_for(params))
         for param in params:
             param.grad = None
 
@@ -209,6 +211,6 @@ class DeferredUpdates:
         samples: list[tuple[int, float | EventSpan]] = []
         for subset in ([params[smallest]], params[:smallest] + params[smallest + 1:]):
             timer = UpdateTimer(subset)  # device events on CUDA (Note [Which clock])
-            self._step(self._optimizer_for(subset))
+            self.base_step(self._optimizer_for(subset))
             samples.append((sum(p.numel() * p.element_size() for p in subset), timer.stop()))
         return samples

@@ -30,7 +30,6 @@ from ..config import Config, Policy
 from ..ops import ReduceOp
 from ..outputs import prepare_file
 from ..plan import Plan
-from ..torch_compat import unhooked_step
 from ..world import World, bootstrap, check_identical, parameter_signature, registry
 from ..world.errors import elastic
 from ..world.process_sets import world_for
@@ -97,10 +96,6 @@ class Session(ElasticBinding, CompressedIntake):
         self._marked = 0
         self._gradients_started = False
         self.deferred = DeferredUpdates(base_cls, optimizer)
-        # The user's optimizer's own step, called from inside the wrapper's step(), which torch
-        # has already wrapped: through the base class's wrapper, the user's step hooks (and the
-        # profiler range) would run twice per step.
-        self.base_step = unhooked_step(base_cls)
         self.runner: OverlapRunner | None = None
         self.compressed: CompressedGradients | None = None
         # Note [a dropped optimizer releases its engine] (runtime/release.py).
