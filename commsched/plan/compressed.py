@@ -40,6 +40,9 @@ class WireLayout:
     late: tuple[TensorSpec, ...] = ()  # planned after them (PowerSGD's Q)
     gathered: tuple[TensorSpec, ...] = ()  # all-gathered at the end (top-k's values, indices)
     source: dict[int, int] = field(default_factory=dict)  # wire id -> its gradient's id
+    # Gradient id -> the wire tensors its reduced value is rebuilt from (PowerSGD: its P and Q;
+    # top-k: the gathered tensors): an overlap plan updates it once their blocks are done.
+    carriers: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 PlanBuilder = Callable[[list[TensorSpec], Profile], Plan]
@@ -78,8 +81,11 @@ def powersgd_wire(label: str, factored: Sequence[Factored], first_id: int) -> Wi
                           f.spec.dtype, f.spec.element_size, forward_index=f.spec.tensor_id)
                for i, f in enumerate(factored)]
     source = {p.tensor_id: f.spec.tensor_id for p, f in zip(p_specs, factored, strict=True)}
+    carriers: dict[int, tuple[int, ...]] = {
+        f.spec.tensor_id: (p.tensor_id, q.tensor_id)
+        for f, p, q in zip(factored, p_specs, q_specs, strict=True)}
     return WireLayout(label, frozenset(f.spec.tensor_id for f in factored), early=tuple(p_specs),
-                      late=tuple(q_specs), source=source)
+                      late=tuple(q_specs), source=source, carriers=carriers)
 
 
 def topk_wire(label: str, picked: Sequence[Sparsified], world: int,
@@ -91,14 +97,17 @@ def topk_wire(label: str, picked: Sequence[Sparsified], world: int,
         size, total = totals.get(s.spec.dtype, (s.spec.element_size, 0))
         totals[s.spec.dtype] = (size, total + s.k)
     gathered: list[TensorSpec] = []
+    of_dtype: dict[str, tuple[int, ...]] = {}
     for dtype, (size, total) in totals.items():
         for what, wire_dtype, wire_size in (("values", dtype, size),
                                             ("indices", INDEX_DTYPE, INDEX_SIZE)):
             tensor_id = first_id + len(gathered)
             gathered.append(TensorSpec(tensor_id, f"topk.{what}.{dtype}", world * total,
                                        wire_dtype, wire_size, forward_index=tensor_id))
+            of_dtype[dtype] = of_dtype.get(dtype, ()) + (tensor_id,)
     return WireLayout(label, frozenset(s.spec.tensor_id for s in picked),
-                      gathered=tuple(gathered))
+                      gathered=tuple(gathered),
+                      carriers={s.spec.tensor_id: of_dtype[s.spec.dtype] for s in picked})
 
 
 def _with_source_times(profile: Profile, layout: WireLayout) -> Profile:

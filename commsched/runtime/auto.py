@@ -18,6 +18,7 @@ from ..config import Config
 
 if TYPE_CHECKING:
     from ..sim import Ranked
+    from ..sim.compressed import CompressedRun
 
 log = logging.getLogger("commsched")
 
@@ -43,11 +44,15 @@ class AutoState:
     def chosen(self) -> Ranked | None:
         return self.choices[0] if self.choices else None
 
-    def choose(self, document: dict, cfg: Config, overlap_allowed: bool) -> Ranked:
+    def choose(self, document: dict, cfg: Config, overlap_allowed: bool,
+               compressed: CompressedRun | None = None) -> Ranked:
+        """`compressed`: the user's lossy compressor runs, and every candidate carries it
+        (`auto` never compresses on its own, nor drops what the user asked for)."""
         from ..sim import FittedNetwork, profile_from_document, rank_candidates
 
         run = profile_from_document(document)
-        ranked = rank_candidates(run, FittedNetwork.from_document(document), cfg, overlap_allowed)
+        ranked = rank_candidates(run, FittedNetwork.from_document(document), cfg, overlap_allowed,
+                                 compressed)
         if not ranked:
             raise RuntimeError("commsched: policy 'auto' found no plan to simulate")
         self.choices = ranked

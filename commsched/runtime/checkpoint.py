@@ -125,7 +125,7 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
     if session.compressed is not None:
         session.compressed.load(entry["compression"])
         session.compressed.on = False  # as the saved run stood at this iteration
-        lifecycle.wire = None
+        lifecycle.compressor = None
         session.compression_restored()
     saved_runner = entry["runner"]
     if session.runner is not None and saved_runner is not None:

@@ -25,7 +25,7 @@ correctly (identical parameters everywhere), only not bit-identically to the run
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -42,7 +42,6 @@ from ..compression import (
     topk_select,
     warm_start_,
 )
-from ..config import Policy
 from ..plan import Plan, TensorSpec, dtype_name
 from ..plan.compressed import (
     Factored,
@@ -51,26 +50,21 @@ from ..plan.compressed import (
     powersgd_wire,
     topk_wire,
 )
+from ..sim import RunProfile
+from ..sim.compressed import CompressedRun, attach_wire
 from .engine import EngineHandle
 
 STATE_VERSION = 1
 
-# Note [Which policies compress]
-# The synchronous policies run compressed plans. The overlap policies apply each group's update
-# in the next forward pass from gradients the engine is still writing, and DeAR splits blocks
-# into a reduce-scatter and a forward all-gather; a compressed gradient exists only after the
-# second round (Q) and the decompression on the training thread, which their runner does not
-# schedule yet. `auto` would have to weigh compressed candidates it cannot yet simulate. Rather
-# than be silently wrong, those combinations are refused at wrap time.
-COMPRESSING_POLICIES = (Policy.HOROVOD, Policy.DDP, Policy.MGWFBP)
-
-
-def check_compression_allowed(policy: Policy, lossy: LossyCompression) -> None:
-    if policy not in COMPRESSING_POLICIES:
-        raise ValueError(f"commsched: compression {lossy.label} is not supported with policy "
-                         f"'{policy.value}' yet: use one of "
-                         + ", ".join(p.value for p in COMPRESSING_POLICIES)
-                         + " (docs/compression.md)")
+# Note [Compression under an overlap plan]
+# Every policy compresses. Synchronous plans rebuild every gradient in synchronize(). Under an
+# overlap plan (bytescheduler, prophet, dear, or `auto` choosing one) step() releases the second
+# round as the synchronous path does (PowerSGD: waits for the P blocks, DeAR's all-gathers of
+# them released first; computes and hands over the Qs; top-k has no second round) and returns;
+# each update group rebuilds its compressed gradients (`decompress`) in the next forward pass,
+# right after waiting for the last block of their wire tensors (WireLayout.carriers), and
+# before the one optimizer call that applies them. The residuals and Q are touched again only
+# by the next backward, which the runner always lets finish first.
 
 
 def eligible(spec: TensorSpec, param: torch.Tensor, lossy: LossyCompression) -> bool:
@@ -222,8 +216,11 @@ class CompressedGradients:
         q_order = sorted(range(len(self.ids)), key=lambda i: (position[self.q_ids[i]], i))
         return p_pos, q_order
 
-    def release_late(self, plan: Plan) -> None:
-        """PowerSGD's second round: each Q, in plan order, once its P was reduced."""
+    def release_late(self, plan: Plan,
+                     before_wait: Callable[[int], None] | None = None) -> None:
+        """PowerSGD's second round: each Q, in plan order, once its P was reduced.
+        `before_wait(position)`: what must happen before the wait for the block at `position`
+        (an overlap runner releases DeAR's all-gathers up to it)."""
         if not isinstance(self.lossy, PowerSGD) or not self.ids:
             return
         if self._positions is None or self._positions[0] != id(plan):
@@ -234,6 +231,8 @@ class CompressedGradients:
         for index in q_order:
             if p_pos[index] > waited:
                 waited = p_pos[index]
+                if before_wait is not None:
+                    before_wait(waited)
                 self._engine.wait_block(waited)
             p_hat = orthogonalise_(self.p_wire[index])
             torch.matmul(self.residuals[index].T, p_hat, out=self.q_wire[index])
@@ -243,21 +242,37 @@ class CompressedGradients:
     def finish(self, scale: float) -> None:
         """After every block completed: the gradients from the exchanged messages; `scale` is
         the product of the engine's pre- and post-scale (top-k sums them itself)."""
-        started = time.perf_counter()
-        if isinstance(self.lossy, PowerSGD):
-            for index, param in enumerate(self.params):
-                approx = powersgd_approx(self.p_wire[index], self.q_wire[index])
-                self.residuals[index] -= approx
-                _finite_(self.residuals[index])
-                warm_start_(self.q[index], self.q_wire[index])
-                _set_grad(param, approx)
-        else:
-            for index, param in enumerate(self.params):
-                _set_grad(param, self._combined(index, scale))
-                _finite_(self.residuals[index])
+        for index, param in enumerate(self.params):
+            assert param.grad is not None
+            self.decompress(index, param.grad, scale)
+        self.end_round()
+
+    def end_round(self) -> None:
+        """Every compressed gradient of the iteration was handed over and its second round
+        released: the next backward starts a new round (decompress may still follow)."""
         self._handed = [False] * len(self.ids)
         self._pending = 0
+
+    def decompress(self, index: int, out: torch.Tensor, scale: float) -> None:
+        """Compressed tensor `index`'s gradient, rebuilt from the exchanged messages (its
+        blocks done) into `out`; PowerSGD also keeps the residual and the next warm start.
+        An overlap plan calls it per update group, in the next forward pass."""
+        started = time.perf_counter()
+        if isinstance(self.lossy, PowerSGD):
+            approx = powersgd_approx(self.p_wire[index], self.q_wire[index])
+            self.residuals[index] -= approx
+            warm_start_(self.q[index], self.q_wire[index])
+        else:
+            approx = self._combined(index, scale)
+        _finite_(self.residuals[index])
+        out.view(approx.shape).copy_(approx)
         self.busy_s += time.perf_counter() - started
+
+    def simulated(self, run: RunProfile) -> CompressedRun:
+        """`run` (this optimizer's profile) as the simulator sees it under this compressor:
+        with the wire tensors it sends, laid out exactly as here."""
+        shapes = [_shape2(p) for p in self.params]
+        return attach_wire(run, self.layout, self.lossy, shapes)
 
     def take_busy_s(self) -> float:
         busy, self.busy_s = self.busy_s, 0.0
@@ -306,7 +321,3 @@ def _shape2(p: torch.Tensor) -> tuple[int, ...]:
     return matrix_shape(p.shape) if p.dim() >= 2 else tuple(p.shape)
 
 
-def _set_grad(param: torch.Tensor, value: torch.Tensor) -> None:
-    grad = param.grad
-    assert grad is not None
-    grad.view(value.shape).copy_(value)

@@ -24,7 +24,7 @@ class CompressedIntake:
                 or self.iteration < compressed.lossy.start_step:
             return
         compressed.on = True
-        self.lifecycle.wire = compressed.layout
+        self.lifecycle.compressor = compressed
         if self.iteration > 0:
             self.lifecycle.reinstall(self.iteration)
 
@@ -34,4 +34,4 @@ class CompressedIntake:
         compressed = self.compressed
         if compressed is not None and self.iteration >= compressed.lossy.start_step:
             compressed.on = True
-            self.lifecycle.wire = compressed.layout
+            self.lifecycle.compressor = compressed

@@ -23,10 +23,12 @@ from ..compression import Compressor
 from ..config import Config, Policy
 from ..plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
 from ..plan.compressed import WireLayout, compressed_plan
-from ..sim import FittedNetwork, profile_from_document
+from ..sim import FittedNetwork, RunProfile, profile_from_document
+from ..sim.compressed import CompressedRun
 from ..sim.overlap import with_update_groups
 from ..world import World, check_identical
 from .auto import AutoState
+from .compressed import CompressedGradients
 from .engine import EngineHandle
 from .overlap import OverlapRunner
 from .profiler import profile_document
@@ -62,9 +64,13 @@ class PlanLifecycle:
         self.replan_at: int | None = None  # the iteration after which the policy's plan is built
         self._restored = False
         self._last_end: float | None = None
-        # While a lossy compressor runs: its wire tensors, which every plan built carries.
-        self.wire: WireLayout | None = None
+        # While a lossy compressor runs: it, and its wire tensors, which every plan carries.
+        self.compressor: CompressedGradients | None = None
         self.set_credit(config.credit_bytes)
+
+    @property
+    def wire(self) -> WireLayout | None:
+        return None if self.compressor is None else self.compressor.layout
 
     @property
     def plan(self) -> Plan:
@@ -149,8 +155,9 @@ class PlanLifecycle:
              self.profile_document() if overlap else None))
         plan = self._policy_plan(profile, net)
         if document is not None:
-            plan = with_update_groups(profile_from_document(document), plan,
-                                      FittedNetwork.from_document(document))
+            run, compressed = self._run_of(document)
+            plan = with_update_groups(run, plan, FittedNetwork.from_document(document),
+                                      None if compressed is None else compressed.compute)
         self.write_profile(document)
         log.info("commsched: rank %d installs %s plan %s: %d blocks, %d update groups "
                  "(alpha=%.3g s, beta=%.3g s/B)", self._world.rank, plan.policy,
@@ -162,12 +169,11 @@ class PlanLifecycle:
     def _replan_auto(self) -> None:
         """Simulates every valid plan on rank 0's profile and installs the fastest."""
         assert self.auto is not None
-        if self._runner is not None and self._runner.open:
-            self._runner.finish()  # the engine must be idle before its plan changes
         document = self._world.broadcast_object(self.profile_document())
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
         overlap_allowed = self._runner is not None and self._world.size > 1
-        chosen = self.auto.choose(document, self._config, overlap_allowed)
+        chosen = self.auto.choose(document, self._config, overlap_allowed,
+                                  self._run_of(document)[1])
         self.write_profile(document)
         self.install(chosen.plan)
         self.set_credit(int(chosen.knobs.get("credit_bytes", self._config.credit_bytes)))
@@ -177,6 +183,15 @@ class PlanLifecycle:
             else:
                 self._runner.deactivate()
 
+    def _run_of(self, document: dict) -> tuple[RunProfile, CompressedRun | None]:
+        """The profile as the simulator reads it; under a lossy compressor, with the wire
+        tensors this run sends (their exact layout, not one guessed from the profile)."""
+        run = profile_from_document(document)
+        if self.compressor is None:
+            return run, None
+        compressed = self.compressor.simulated(run)
+        return compressed.run, compressed
+
     # -- profile ------------------------------------------------------------------------------
 
     def profile_document(self) -> dict:
@@ -185,7 +200,14 @@ class PlanLifecycle:
         modules = runner.modules if runner else None
         return profile_document(self._specs, self._engine.profiler, self._world.size,
                                 modules.order if modules else [], modules.times if modules else {},
-                                runner.first_users() if runner else None)
+                                runner.first_users() if runner else None,
+                                self._handed_over_as())
+
+    def _handed_over_as(self) -> dict[int, int]:
+        """Compressed gradient -> the wire tensor the engine saw when it was handed over
+        (PowerSGD's P): its ready time is the gradient's."""
+        wire = self.wire
+        return {} if wire is None else {grad: p for p, grad in wire.source.items()}
 
     def write_profile(self, document: dict | None = None) -> None:
         path = self._config.profile
@@ -198,6 +220,8 @@ class PlanLifecycle:
     # -- installing ---------------------------------------------------------------------------
 
     def install(self, plan: Plan) -> None:
+        if self._runner is not None and self._runner.open:
+            self._runner.finish()  # the engine must be idle before its plan changes
         check_identical(self._world, "plan fingerprints", [plan.policy, plan.fingerprint])
         self.install_local(plan)
 

@@ -35,6 +35,7 @@ from .deferred import DeferredUpdates
 from .profiler import KEEP_ITERATIONS
 
 if TYPE_CHECKING:
+    from .compressed import CompressedGradients
     from .engine import EngineHandle
 
 
@@ -96,6 +97,11 @@ class OverlapRunner:
         self._released = 0
         self._handles: list[Any] = []
         self._root_name = ""
+        # A lossy compressor's gradients, rebuilt just before their group's update (Note
+        # [Compression under an overlap plan]); set by the session, on while it compresses.
+        self.compressed: CompressedGradients | None = None
+        self.decompress_scale = 1.0
+        self._decompressed: dict[int, int] = {}  # tensor id -> index in `compressed`, this plan
         self.mode = HookMode.OFF
         self._set_mode(HookMode.RECORDING)
 
@@ -153,7 +159,11 @@ class OverlapRunner:
     def activate(self, plan: Plan) -> None:
         """Installs the plan's update groups (one per first-user module when the plan has none)
         and the hooks that apply them."""
-        self._needs = completing_blocks(plan)
+        compressed = self.compressed if self.compressed is not None and self.compressed.on \
+            else None
+        self._needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)
+        self._decompressed = {} if compressed is None else \
+            {t: index for index, t in enumerate(compressed.ids)}
         groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
                                                          self._needs)
         # Note [Skipped group starts]
@@ -216,6 +226,12 @@ class OverlapRunner:
             self._engine.release(self._gathers[self._released])
             self._released += 1
 
+    def release_for(self, position: int) -> None:
+        """Releases the all-gathers up to the block at `position` when it is one (the second
+        round of a compressor waits for its first round's blocks at step())."""
+        if position in self._gathers:
+            self._release_through(self._gathers.index(position))
+
     def finish(self) -> None:
         """Waits for every block of the open iteration and applies every pending update."""
         if not self.open:
@@ -235,6 +251,8 @@ class OverlapRunner:
         if nbytes is None:  # the same groups come back every iteration
             nbytes = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
         started = _C.now_us()
+        if self._decompressed:  # its time is the compressor's (compute.compression_s)
+            self._decompress(tids)
         timer = UpdateTimer(params)  # device events on CUDA (Note [Which clock])
         self._deferred.apply(params, [self._grads[t] for t in tids])
         took = timer.stop()
@@ -243,6 +261,13 @@ class OverlapRunner:
         self._engine.profiler.note_update(nbytes, took)
         self._engine.span("update", started, tensors=len(tids))
         self._pending.difference_update(tids)
+
+    def _decompress(self, tids: list[int]) -> None:
+        assert self.compressed is not None
+        for t in tids:
+            index = self._decompressed.get(t)
+            if index is not None:
+                self.compressed.decompress(index, self._grads[t], self.decompress_scale)
 
     # -- module hooks -------------------------------------------------------------------------
 

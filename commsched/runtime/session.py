@@ -34,7 +34,7 @@ from ..world import World, bootstrap, check_identical, parameter_signature, regi
 from ..world.errors import elastic
 from ..world.process_sets import world_for
 from .clock import StepClock
-from .compressed import CompressedGradients, check_compression_allowed
+from .compressed import CompressedGradients
 from .compressed_intake import CompressedIntake
 from .deferred import DeferredUpdates
 from .elastic import ElasticBinding
@@ -130,8 +130,6 @@ class Session(ElasticBinding, CompressedIntake):
             options.lossy, self.specs, self.params, self.world.size, self.world.rank)
         wire = [] if self.compressed is None else self.compressed.wire_specs
         self._check_ranks_agree(self._routed)
-        if options.lossy is not None:  # before any group or engine exists (nothing to undo)
-            check_compression_allowed(config.policy, options.lossy)
         self.sparse = SparseExchange(self.world, self._routed, options.op, self.passes)
         this = weakref.ref(self)  # the engine must not keep the session (and the optimizer) alive
         self.engine = EngineHandle(self.world, self.specs + wire, config.timeout, config.timeline,
@@ -142,6 +140,9 @@ class Session(ElasticBinding, CompressedIntake):
         self.clock = StepClock(self.engine)
         postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
         self._lossy_scale = postscale / options.predivide  # the engine's pre- x post-scale
+        if self.runner is not None:
+            self.runner.compressed = self.compressed
+            self.runner.decompress_scale = self._lossy_scale
         self.lifecycle = PlanLifecycle(self.world, config, self.specs, self.engine, self.runner,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
@@ -350,6 +351,13 @@ class Session(ElasticBinding, CompressedIntake):
         self.lifecycle.settle(self.iteration)
         self._launch_rest()
         runner.begin()
+        compressed = self.compressed
+        if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
+            started = _C.now_us()
+            compressed.release_late(self.plan, before_wait=runner.release_for)
+            compressed.end_round()
+            self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
+            self.engine.profiler.note("compression_s", compressed.take_busy_s())
         # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
         self.sparse.exchange()
         self.sparse.step_now(self.deferred)

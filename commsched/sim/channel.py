@@ -113,3 +113,8 @@ class Channel:
     def all_done(self) -> float:
         """When every block of the iteration is done (all must have been offered)."""
         return max((self.done_at(p) for p in range(len(self.blocks))), default=self.free_at)
+
+
+def block_positions(plan: Plan, tensor_ids: frozenset[int]) -> set[int]:
+    return {pos for pos, b in enumerate(plan.blocks)
+            if any(p.tensor_id in tensor_ids for p in b.pieces)}

@@ -33,7 +33,7 @@ from ..plan.compressed import (
     topk_wire,
 )
 from .profile import RunProfile, TensorRecord, ready_profile, specs_from_profile
-from .simulator import CompressorCompute
+from .timing import CompressorCompute
 
 # Stated estimates for a profile without compute.compression_s (a run without a compressor):
 # PowerSGD's matrix products at 10 GFLOP/s, top-k's selection and update at 4 ns per element.
@@ -93,7 +93,8 @@ class CompressedRun:
     def compute(self) -> CompressorCompute:
         """What the simulation adds: the compressor's time, the blocks it waits for and the
         blocks that wait for it."""
-        return CompressorCompute(self.compression_s, self.waited_for, self.after_compute)
+        return CompressorCompute(self.compression_s, self.waited_for, self.after_compute,
+                                 self.layout.carriers)
 
     @property
     def first_wire(self) -> int:
@@ -135,14 +136,24 @@ def compress_run(run: RunProfile, lossy: LossyCompression, world: int) -> Compre
     else:
         layout = topk_wire(lossy.label, [Sparsified(t, lossy.k(t.numel)) for t, _ in chosen],
                            world, first)
+    return attach_wire(run, layout, lossy, [shape for _, shape in chosen], notes)
+
+
+def attach_wire(run: RunProfile, layout: WireLayout, lossy: LossyCompression,
+                shapes: list[tuple[int, ...]], notes: list[str] | None = None) -> CompressedRun:
+    """`run` with `layout`'s wire tensors appended (ids from len(run.tensors) on, as the run
+    numbers them); `shapes` (of the compressed gradients) give the estimate of the compute
+    when the profile has no compute.compression_s. The optimizer's `auto` passes the layout it
+    runs, whose shapes are exact."""
+    notes = list(notes or [])
     seconds = run.compression_s
     if seconds is None:
-        seconds = estimated_seconds(lossy, [shape for _, shape in chosen])
+        seconds = estimated_seconds(lossy, shapes)
         how = (f"6 n m r flops at {ESTIMATED_FLOP_S:g} flop/s" if isinstance(lossy, PowerSGD)
                else f"{TOPK_S_PER_ELEMENT * 1e9:g} ns per compressed element")
         notes.append(f"{lossy.label}: compute.compression_s missing: estimated "
                      f"{seconds * 1e3:.3f} ms per iteration ({how})")
-    wire_rows = _wire_records(run, layout, [t.tensor_id for t, _ in chosen])
+    wire_rows = _wire_records(run, layout, sorted(layout.compressed))
     extended = replace(run, tensors=run.tensors + wire_rows)
     return CompressedRun(extended, layout, seconds, tuple(notes))
 

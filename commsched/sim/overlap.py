@@ -21,24 +21,35 @@ times this simulation predicts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
-from ..plan import Collective, Plan, UpdateGroup
+from ..plan import Plan, UpdateGroup
 from ..plan.update_groups import per_module_groups, plan_update_groups
-from .channel import BlockTimes, Channel, SimEvent, block_times
+from .channel import BlockTimes, Channel, SimEvent, block_positions, block_times
 from .network import Network
 from .profile import RunProfile
-from .timing import ComputeTimes, compute_times
+from .timing import CompressorCompute, ComputeTimes, compute_times
 
 
-def completing_blocks(plan: Plan) -> dict[int, int]:
-    """Tensor id -> plan position of the block whose completion makes its update possible."""
-    completing = Collective.ALL_GATHER if any(b.op is Collective.ALL_GATHER for b in plan.blocks) \
-        else Collective.ALLREDUCE
-    needs: dict[int, int] = {}
+def completing_blocks(plan: Plan, carriers: Mapping[int, Sequence[int]] | None = None
+                      ) -> dict[int, int]:
+    """Tensor id -> plan position of the block whose completion makes its update possible: the
+    last block holding a piece of it (DeAR: its all-gather). A compressed gradient is in no
+    block: it waits for the last block of the wire tensors it is rebuilt from (`carriers`,
+    WireLayout.carriers), and the wire tensors themselves are no parameters to update."""
+    last: dict[int, int] = {}
     for pos, block in enumerate(plan.blocks):
-        if block.op is completing:
-            for piece in block.pieces:
-                needs[piece.tensor_id] = pos
+        for piece in block.pieces:
+            last[piece.tensor_id] = pos
+    if not carriers:
+        return last
+    wires = {w for ws in carriers.values() for w in ws}
+    missing = sorted(wires - set(last))
+    if missing:
+        raise AssertionError(f"commsched: plan {plan.policy} carries no block of wire tensors "
+                             f"{missing}")
+    needs = {t: pos for t, pos in last.items() if t not in wires}
+    needs.update({grad: max(last[w] for w in ws) for grad, ws in carriers.items()})
     return needs
 
 
@@ -77,9 +88,10 @@ def groups_of(run: RunProfile, plan: Plan, needs: dict[int, int]) -> tuple[Updat
 
 
 def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: ComputeTimes,
-                iterations: int) -> tuple[list[float], list[SimEvent], Channel]:
+                iterations: int, compressor: CompressorCompute | None = None
+                ) -> tuple[list[float], list[SimEvent], Channel]:
     channel = Channel(plan, blocks.durations)
-    needs = completing_blocks(plan)
+    needs = completing_blocks(plan, compressor.carriers if compressor else None)
     gathers = blocks.forward
     gather_index = {pos: i for i, pos in enumerate(gathers)}
     nbytes = {t.tensor_id: t.nbytes for t in run.tensors}
@@ -92,6 +104,7 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     grouped = {t for groups in starting.values() for g in groups for t in g.tensor_ids}
     last_ready = max(blocks.ready, default=0.0)
     rest = max(compute.before_first_ready_s - compute.forward_s, 0.0)
+    after = block_positions(plan, compressor.after) if compressor else set()
     starts = [0.0]
     events: list[SimEvent] = []
     for k in range(iterations):
@@ -118,28 +131,49 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
         channel.reset()
         forward_stage = set(gathers)
         for pos in range(len(plan.blocks)):
-            if pos not in forward_stage:
+            if pos not in forward_stage and pos not in after:
                 channel.offer(pos, first + blocks.ready_after_first[pos])
         fwd.busy(last_ready, "backward")
+        if compressor is not None:
+            _second_round(fwd, plan, compressor, gather_index, after)
         events = fwd.events
         starts.append(fwd.t)  # step() returns at once: the next iteration starts here
     return starts, events, channel
 
 
-def with_update_groups(run: RunProfile, plan: Plan, net: Network) -> Plan:
+def _second_round(fwd: _Forward, plan: Plan, compressor: CompressorCompute,
+                  gather_index: dict[int, int], after: set[int]) -> None:
+    """step() under a compressor (Note [Compression under an overlap plan] in
+    runtime/compressed.py): DeAR's all-gathers of the first round released, its blocks waited
+    for, the compressor's time (all of it, decompression included: Note [Simulated compression
+    compute]), then the second round launched; the next forward waits for it per group."""
+    waited = block_positions(plan, compressor.waited_for)
+    gathered = [gather_index[p] for p in waited if p in gather_index]
+    for pos in fwd.gathers[:max(gathered) + 1] if gathered else ():
+        fwd.channel.offer(pos, fwd.t)  # the channel was reset since the forward released any
+    if waited:
+        fwd.wait_until(max(fwd.channel.done_at(p) for p in waited), "step")
+    fwd.busy(compressor.seconds, "compress")
+    for pos in sorted(after):
+        fwd.channel.offer(pos, fwd.t)
+
+
+def with_update_groups(run: RunProfile, plan: Plan, net: Network,
+                       compressor: CompressorCompute | None = None) -> Plan:
     """`plan` with the update groups that the profile says are fastest (see
     plan/update_groups.py): block completion times from a simulation of the plan as it is
     (its own groups, or one per module), the cost of an optimizer call from the profile.
-    Without module information (no model=) the plan is returned as it is."""
+    Without module information (no model=) the plan is returned as it is. Under a lossy
+    compressor `run` carries its wire tensors (sim/compressed.py) and `compressor` says which."""
     if not run.has_module_info or not plan.blocks:
         return plan
     blocks = block_times(run, plan, net)
     compute = compute_times(run, with_modules=True)
-    starts, _, channel = run_overlap(run, plan, blocks, compute, iterations=3)
+    starts, _, channel = run_overlap(run, plan, blocks, compute, 3, compressor)
     forward_start = starts[-1]
     for pos in blocks.forward:  # the next forward's all-gathers, released as early as can be
         channel.offer(pos, forward_start)
-    needs = completing_blocks(plan)
+    needs = completing_blocks(plan, compressor.carriers if compressor else None)
     done_at = {t: max(channel.done_at(pos) - forward_start, 0.0) for t, pos in needs.items()}
     first_user = {t.tensor_id: t.module for t in run.tensors if t.module is not None}
     groups = plan_update_groups(compute.modules, first_user, needs, done_at,

@@ -96,16 +96,12 @@ class PlanCache:
         if plan is None:
             cfg = self.config(policy, knobs)
             if self.compressed is not None:
-                if policy.overlaps_iterations:
-                    raise ValueError(f"policy {policy.value}: lossy compression is simulated "
-                                     "with the synchronous policies only")
                 plan = self.compressed.plan(lambda specs, prof: make_plan(policy, specs, prof,
                                                                           model, cfg))
-                self._plans[key] = plan
-                return plan
-            plan = make_plan(policy, self.specs, self.profile, model, cfg)
+            else:
+                plan = make_plan(policy, self.specs, self.profile, model, cfg)
             if policy.overlaps_iterations:
-                plan = with_update_groups(self.run, plan, net)
+                plan = with_update_groups(self.run, plan, net, self.compressor)
             self._plans[key] = plan
         return plan
 
@@ -133,10 +129,13 @@ def evaluate(cache: PlanCache, policies: list[Policy], net: Network,
 
 
 def rank_candidates(run: RunProfile, net: Network, base_cfg: Config,
-                    overlap_allowed: bool) -> list[Ranked]:
+                    overlap_allowed: bool, compressed: CompressedRun | None = None
+                    ) -> list[Ranked]:
     """Every plan valid for the wrapper over the knob grid, by predicted iteration time.
 
     The overlap policies are candidates only when the wrapper allows them (model= given, a
     splittable optimizer) and the profile has module information to simulate them.
+    `compressed`: `run` with a lossy compressor's wire tensors, which every candidate carries.
     """
-    return evaluate(PlanCache(run, base_cfg), allowed_policies(run, overlap_allowed), net)
+    return evaluate(PlanCache(run, base_cfg, compressed), allowed_policies(run, overlap_allowed),
+                    net)

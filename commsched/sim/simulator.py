@@ -18,10 +18,10 @@ import enum
 from dataclasses import dataclass, field
 
 from ..plan import Plan
-from .channel import OP_LABEL, BlockTimes, Channel, SimEvent, block_times
+from .channel import OP_LABEL, BlockTimes, Channel, SimEvent, block_positions, block_times
 from .network import Network
 from .profile import RunProfile
-from .timing import ComputeTimes, compute_times
+from .timing import CompressorCompute, ComputeTimes, compute_times
 
 
 class Mode(enum.StrEnum):
@@ -49,36 +49,23 @@ class SimResult:
 Trace = tuple[list[float], list[SimEvent], Channel]
 
 
-@dataclass(frozen=True)
-class CompressorCompute:
-    """A lossy compressor's training-thread time (Note [Simulated compression compute],
-    sim/compressed.py): it starts when backward ended and the blocks holding `waited_for`
-    are done; the blocks holding `after` are launched when it ends."""
-
-    seconds: float
-    waited_for: frozenset[int] = frozenset()
-    after: frozenset[int] = frozenset()
-
-
 def simulate(run: RunProfile, plan: Plan, net: Network, mode: Mode,
              iterations: int = 4, compressor: CompressorCompute | None = None) -> SimResult:
     """Simulates `iterations` iterations and reports the last one (the steady state: the first
     overlapped iteration has no previous iteration's communication to wait for). `compressor`:
-    the compute a lossy compressor adds (synchronous mode only)."""
+    the compute a lossy compressor adds."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     blocks = block_times(run, plan, net)
     compute = compute_times(run, with_modules=mode is Mode.OVERLAP)
     notes = blocks.notes + compute.notes
     if mode is Mode.OVERLAP:
-        if compressor is not None:
-            raise ValueError("lossy compression is simulated with the synchronous policies only")
         if not run.has_module_info:
             raise ValueError(f"profile {run.source}: overlap mode needs 'modules' and "
                              "tensors[].module (a profile recorded with model=)")
         from .overlap import run_overlap
 
-        trace = run_overlap(run, plan, blocks, compute, iterations)
+        trace = run_overlap(run, plan, blocks, compute, iterations, compressor)
         if iterations == 1:
             notes.append("one iteration only: its forward applies no previous updates")
     else:
@@ -92,8 +79,8 @@ def run_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes, iterations: 
     events: list[SimEvent] = []
     last_ready = max(blocks.ready, default=0.0)
     starts = [0.0]
-    after = _positions(plan, compressor.after) if compressor else set()
-    waited = _positions(plan, compressor.waited_for) if compressor else set()
+    after = block_positions(plan, compressor.after) if compressor else set()
+    waited = block_positions(plan, compressor.waited_for) if compressor else set()
     for _ in range(iterations):
         start = starts[-1]
         channel.reset()
@@ -124,11 +111,6 @@ def run_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes, iterations: 
         events.append(SimEvent("compute", "update", synced, synced + compute.step_s))
         starts.append(synced + compute.step_s)
     return starts, events, channel
-
-
-def _positions(plan: Plan, tensor_ids: frozenset[int]) -> set[int]:
-    return {pos for pos, b in enumerate(plan.blocks)
-            if any(p.tensor_id in tensor_ids for p in b.pieces)}
 
 
 def _result(plan: Plan, net: Network, blocks: BlockTimes, trace: Trace,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..plan.update_groups import UpdateCost
@@ -89,3 +90,17 @@ def update_cost(run: RunProfile, step_s: float, notes: list[str]) -> UpdateCost:
         notes.append("compute.update_fixed_s missing: each update call costs its share of "
                      "step_s by bytes, with no fixed cost")
     return UpdateCost(0.0, step_s / max(run.total_bytes, 1))
+
+
+@dataclass(frozen=True)
+class CompressorCompute:
+    """A lossy compressor's training-thread time (Note [Simulated compression compute],
+    sim/compressed.py): it starts when backward ended and the blocks holding `waited_for`
+    are done; the blocks holding `after` are launched when it ends."""
+
+    seconds: float
+    waited_for: frozenset[int] = frozenset()
+    after: frozenset[int] = frozenset()
+    # Gradient id -> its wire tensors (WireLayout.carriers): an overlap plan's update of it
+    # waits for their blocks.
+    carriers: Mapping[int, tuple[int, ...]] = field(default_factory=dict)

@@ -142,8 +142,8 @@ def sweep(model: str, run: RunProfile, base_cfg: Config, policies: list[Policy],
     """T_1 and one row per (link, compression, policy); `horovod` is always simulated, as the
     baseline of the speed-up, and reported only when asked for. A ratio divides every
     collective's bytes; a named compressor (PowerSGD, top-k) replaces the gradients it
-    compresses by its wire tensors and adds its compute (sim/compressed.py), with the
-    synchronous policies only (the overlap ones do not run lossy compression)."""
+    compresses by its wire tensors and adds its compute (sim/compressed.py); the overlap
+    policies need a profile with module information, as they do uncompressed."""
     cache = PlanCache(run, base_cfg)
     t1 = compute_only_s(run, cache)
     simulated = policies if Policy.HOROVOD in policies else [Policy.HOROVOD, *policies]
@@ -164,8 +164,8 @@ def sweep(model: str, run: RunProfile, base_cfg: Config, policies: list[Policy],
             key = (link.workers, value.label)
             if key not in by_world:
                 by_world[key] = PlanCache(run, base_cfg, compress_run(run, value, link.workers))
-            synchronous = [p for p in simulated if not p.overlaps_iterations]
-            found = _rows_for(model, by_world[key], synchronous, link.network(), t1, tune,
+            found = _rows_for(model, by_world[key], _simulable(run, simulated), link.network(),
+                              t1, tune,
                               link.workers, link.bandwidth_bytes_per_s, value.label)
             rows += [found[p] for p in policies if p in found]
     return t1, rows
@@ -182,7 +182,7 @@ def fitted_rows(model: str, run: RunProfile, doc: dict, base_cfg: Config,
                 compressors: tuple[LossyCompression, ...] = ()
                 ) -> tuple[float, list[Row], list[str]]:
     """The profiled run's own network (fitted alpha/beta) at its own world size; uncompressed,
-    then with each named compressor (synchronous policies only)."""
+    then with each named compressor."""
     cache = PlanCache(run, base_cfg)
     t1 = compute_only_s(run, cache)
     net = FittedNetwork.from_document(doc)
@@ -191,11 +191,16 @@ def fitted_rows(model: str, run: RunProfile, doc: dict, base_cfg: Config,
     rows = [found[p] for p in policies]
     for lossy in compressors:
         compressed = PlanCache(run, base_cfg, compress_run(run, lossy, net.world_size))
-        synchronous = [p for p in simulated if not p.overlaps_iterations]
-        found = _rows_for(model, compressed, synchronous, net, t1, tune, net.world_size, None,
-                          lossy.label)
+        found = _rows_for(model, compressed, _simulable(run, simulated), net, t1, tune,
+                          net.world_size, None, lossy.label)
         rows += [found[p] for p in policies if p in found]
     return t1, rows, list(net.notes)
+
+
+def _simulable(run: RunProfile, policies: list[Policy]) -> list[Policy]:
+    """The overlap policies need the forward pass's modules, which only a profile recorded with
+    model= has."""
+    return [p for p in policies if not p.overlaps_iterations or run.has_module_info]
 
 
 def describe_knobs(knobs: dict[str, int]) -> str:

@@ -1,6 +1,7 @@
-"""PowerSGD and top-k on 2 and 3 Gloo ranks: every rank ends with the same parameters, equal
-(to float tolerance: the engine's sums run in another order) to a single-process simulation
-of the same compressed averaging built from commsched.compression's pure functions."""
+"""PowerSGD and top-k on 2 and 3 Gloo ranks, synchronous and overlap policies: every rank ends
+with the same parameters, equal (to float tolerance: the engine's sums run in another order) to
+a single-process simulation of the same compressed averaging built from commsched.compression's
+pure functions, applied synchronously."""
 
 from __future__ import annotations
 
@@ -81,12 +82,15 @@ def _train(lossy: Any, policy: str, op: str) -> list[torch.Tensor]:
     opt = commsched.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
         named_parameters=model.named_parameters(), compression=lossy, policy=policy,
-        profile_steps=2, **scaling)
+        profile_steps=2, model=model, **scaling)
     for step in range(STEPS):
         opt.zero_grad()
         _loss(model, step, rank).backward()
         opt.step()
-    assert "+" in opt.plan.policy
+    assert "+" + lossy.label in opt.plan.policy, opt.plan.policy
+    if policy in ("bytescheduler", "prophet", "dear"):
+        assert opt.session.defers_updates, "the overlap plan did not run"
+    opt.flush()  # an overlap plan's last updates wait for the next forward pass
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -94,7 +98,14 @@ CASES: list[tuple[int, PowerSGD | TopK, str, str]] = [
     (2, PowerSGD(rank=2, min_ratio=1.0), "horovod", "average"),
     (3, PowerSGD(rank=2, min_ratio=1.0, start_step=2), "ddp", "predivide"),
     (2, TopK(ratio=0.1), "mgwfbp", "sum"),
-    (3, TopK(ratio=0.1), "horovod", "predivide")]
+    (3, TopK(ratio=0.1), "horovod", "predivide"),
+    # The overlap policies rebuild the gradients in the next forward (compression starting
+    # while an overlap plan runs, for DeAR), and `auto` chooses among compressed plans.
+    (2, PowerSGD(rank=2, min_ratio=1.0), "bytescheduler", "average"),
+    (3, PowerSGD(rank=2, min_ratio=1.0, start_step=3), "dear", "predivide"),
+    (2, TopK(ratio=0.1), "prophet", "sum"),
+    (3, TopK(ratio=0.1), "dear", "average"),
+    (2, PowerSGD(rank=1, min_ratio=1.0), "auto", "average")]
 
 
 @pytest.mark.parametrize(("world", "lossy", "policy", "op"), CASES,

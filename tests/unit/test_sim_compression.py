@@ -22,7 +22,7 @@ from commsched.sim import LinkNetwork, Mode, profile_from_document, simulate
 from commsched.sim.cli import UsageError, main, parse_compressions
 from commsched.sim.compressed import compress_run
 from commsched.sim.profile import ProfileError, RunProfile, specs_from_profile
-from commsched.sim.simulator import CompressorCompute
+from commsched.sim.timing import CompressorCompute
 
 NET = LinkNetwork(2, 1e5, 1e-3)
 
