@@ -63,8 +63,9 @@ STATE_VERSION = 1
 # them released first; computes and hands over the Qs; top-k has no second round) and returns;
 # each update group rebuilds its compressed gradients (`decompress`) in the next forward pass,
 # right after waiting for the last block of their wire tensors (WireLayout.carriers), and
-# before the one optimizer call that applies them. The residuals and Q are touched again only
-# by the next backward, which the runner always lets finish first.
+# before the one optimizer call that applies them. Nothing else touches the residuals and Q in
+# between: the next backward's first gradient makes the runner apply whatever is still pending
+# before any gradient is handed over.
 
 
 def eligible(spec: TensorSpec, param: torch.Tensor, lossy: LossyCompression) -> bool:

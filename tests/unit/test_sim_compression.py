@@ -185,3 +185,72 @@ def test_fitted_network_with_a_named_compressor(tmp_path: Path) -> None:
     # Uncompressed, horovod's plan sends b and w (2480 B, >= 26.8 ms of all-reduce); PowerSGD
     # sends 480 B in two rounds (8.8 ms) plus its 3 ms.
     assert rows[1]["iteration_s"] < rows[0]["iteration_s"]
+
+
+def overlap_document() -> dict:
+    """document() with modules: w's first user runs first (1 ms), b's second (1 ms), and an
+    update call costs 0.5 ms."""
+    doc = document()
+    doc["compute"].update({"update_fixed_s": 0.0005, "update_per_byte_s": 0.0})
+    doc["modules"] = [{"name": "", "forward_order": 0, "forward_time_s": 0.002},
+                      {"name": "first", "forward_order": 1, "forward_time_s": 0.001},
+                      {"name": "second", "forward_order": 2, "forward_time_s": 0.001}]
+    for row, module in zip(doc["tensors"], ("first", "second"), strict=True):
+        row["module"] = module
+    return doc
+
+
+def spans_of(result: object) -> list[tuple[str, str, float, float]]:
+    return sorted((e.lane, e.name, round(e.start_s * 1e3, 6), round(e.end_s * 1e3, 6))
+                  for e in result.events)  # type: ignore[attr-defined]
+
+
+def test_overlap_iteration_with_powersgd() -> None:
+    """Under an overlap plan the compressor's time is at step(), after the first round's
+    blocks; the second round goes on the wire then, and the next forward's group that updates
+    w waits for it (Note [Compression under an overlap plan]). In ms from the end of the
+    previous step(): Q's block (240 B, 4.4) runs 0-4.4; "first" waits for it, updates w
+    (0.5), runs (1); "second" updates b (its block was done last iteration, 0.5) and runs (1):
+    7.4; the rest of before_first_ready_s (10 - 2 of forward): first gradient at 15.4, b at
+    17.4; b's block (80 B, 2.8) 17.4-20.2, then P's (160 B, 3.6) 20.2-23.8, which step()
+    waits for; the compressor's 3 ms end the iteration at 26.8."""
+    compressed = compress_run(profile_from_document(overlap_document()),
+                              Compression.powersgd(rank=2), world=2)
+    plan = compressed.plan(one_block_each)
+    result = simulate(compressed.run, plan, NET, Mode.OVERLAP, compressor=compressed.compute)
+    assert result.iteration_s == pytest.approx(0.0268)
+    spans = spans_of(result)
+    for span in [("network", "allreduce", 0.0, 4.4), ("wait", "first", 0.0, 4.4),
+                 ("compute", "update", 4.4, 4.9), ("compute", "update", 5.9, 6.4),
+                 ("network", "allreduce", 17.4, 20.2), ("network", "allreduce", 20.2, 23.8),
+                 ("wait", "step", 17.4, 23.8), ("compute", "compress", 23.8, 26.8)]:
+        assert span in spans, (span, spans)
+
+
+def test_overlap_iteration_with_topk() -> None:
+    """Top-k has no first round: step() computes for 3 ms after backward (2 ms after the
+    first gradient at 13.56), and its two all-gathers (1.28 ms each) run at the start of the
+    next iteration, where w's group waits for both: 2.56."""
+    compressed = compress_run(profile_from_document(overlap_document()),
+                              Compression.topk(ratio=0.01), world=2)
+    plan = compressed.plan(one_block_each)
+    result = simulate(compressed.run, plan, NET, Mode.OVERLAP, compressor=compressed.compute)
+    assert result.iteration_s == pytest.approx(0.01856)
+    spans = spans_of(result)
+    for span in [("network", "all_gather", 0.0, 1.28), ("network", "all_gather", 1.28, 2.56),
+                 ("wait", "first", 0.0, 2.56), ("compute", "compress", 15.56, 18.56)]:
+        assert span in spans, (span, spans)
+
+
+def test_auto_ranks_only_compressed_candidates_when_asked() -> None:
+    from commsched.config import load_config
+    from commsched.sim import rank_candidates
+
+    run = profile_from_document(overlap_document())
+    cfg = load_config({"policy": "auto"}, environ={})
+    compressed = compress_run(run, Compression.powersgd(rank=2), world=2)
+    ranked = rank_candidates(run, NET, cfg, True, compressed)
+    assert {r.policy.value for r in ranked} >= {"bytescheduler", "dear", "horovod"}
+    assert all(r.plan.policy.endswith("+powersgd(rank=2)") for r in ranked)
+    plain = rank_candidates(run, NET, cfg, True)
+    assert not any("powersgd" in r.plan.policy for r in plain)
