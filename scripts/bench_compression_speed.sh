@@ -2,7 +2,7 @@
 # Compression speed benchmark (issue 15, item 6): 2 ranks inside a network namespace whose
 # loopback is shaped to RATE (1 Gbit/s), the built-in CNN and Transformer, side by side in one
 # horovodrun job per model: hvd uncompressed and fp16, DDP with its PowerSGD hook (rank 4),
-# commsched's synchronous policies with PowerSGD rank 4 and with top-k 1%. Writes
+# every commsched policy and auto with PowerSGD rank 4 and with top-k 1%. Writes
 # benchmarks/compression_speed/<model>/results.{json,md,png} (median iteration times, bytes per
 # iteration of each candidate, the simulator's prediction for each commsched candidate from its
 # own profile) and a summary with the issue's targets.
@@ -18,7 +18,7 @@ export NETNS="${NETNS:-cscompress}"
 PSGD="compression=powersgd&powersgd_rank=$RANK"
 TOPK_KNOBS="compression=topk&topk_ratio=$TOPK"
 CANDIDATES="local (no comm),hvd,hvd-fp16,torch-ddp,torch-ddp-powersgd?rank=$RANK&start_iter=2&min_rate=2"
-for policy in horovod ddp mgwfbp; do
+for policy in horovod ddp mgwfbp bytescheduler prophet dear auto; do
   CANDIDATES="$CANDIDATES,commsched:$policy?$PSGD,commsched:$policy?$TOPK_KNOBS"
 done
 trap 'scripts/netem.sh down' EXIT

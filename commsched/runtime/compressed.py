@@ -96,8 +96,8 @@ class CompressedGradients:
         self.layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
             else self._topk_layout()
         self._positions: tuple[int, list[int], list[int]] | None = None  # per installed plan
-        # Training-thread seconds this iteration spent compressing and decompressing (waits
-        # for the engine excluded): the profile's compute.compression_s.
+        # Training-thread seconds this iteration spent on the second round and decompressing,
+        # outside the gradient hooks (waits for the engine excluded): compute.compression_s.
         self.busy_s = 0.0
 
     def __len__(self) -> int:
@@ -167,14 +167,12 @@ class CompressedGradients:
         self._engine = engine
 
     def hand_over(self, index: int, grad: torch.Tensor) -> None:
-        """The gradient of compressed tensor `index` (position in `ids`), on its last pass."""
-        started = time.perf_counter()
-        try:
-            self._hand_over(index, grad)
-        finally:
-            self.busy_s += time.perf_counter() - started
-
-    def _hand_over(self, index: int, grad: torch.Tensor) -> None:
+        """The gradient of compressed tensor `index` (position in `ids`), on its last pass.
+        Not counted in busy_s: its time lengthens backward, which the ready times show."""
+        # The gradient is in no block, but the engine keeps its ready time for the profile:
+        # top-k marks its wire tensors only with the last gradient, and the simulator needs
+        # the backward pass's real length (Note [Simulated compression compute]).
+        self._engine.mark_ready(self.ids[index], grad)
         residual = self.residuals[index]
         residual += grad.view(residual.shape)  # residual now holds M = g + e
         self._handed[index] = True

@@ -200,14 +200,7 @@ class PlanLifecycle:
         modules = runner.modules if runner else None
         return profile_document(self._specs, self._engine.profiler, self._world.size,
                                 modules.order if modules else [], modules.times if modules else {},
-                                runner.first_users() if runner else None,
-                                self._handed_over_as())
-
-    def _handed_over_as(self) -> dict[int, int]:
-        """Compressed gradient -> the wire tensor the engine saw when it was handed over
-        (PowerSGD's P): its ready time is the gradient's."""
-        wire = self.wire
-        return {} if wire is None else {grad: p for p, grad in wire.source.items()}
+                                runner.first_users() if runner else None)
 
     def write_profile(self, document: dict | None = None) -> None:
         path = self._config.profile

@@ -228,17 +228,13 @@ def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]
 
 def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size: int,
                      module_order: Sequence[str], module_times: dict[str, list[float]],
-                     first_users: dict[int, str] | None = None,
-                     handed_over_as: dict[int, int] | None = None) -> dict:
-    """The JSON written to COMMSCHED_PROFILE; the schema is documented in docs/profile.md.
-    `handed_over_as`: a compressed gradient -> the wire tensor marked ready in its place."""
+                     first_users: dict[int, str] | None = None) -> dict:
+    """The JSON written to COMMSCHED_PROFILE; the schema is documented in docs/profile.md."""
     profile = profiler.profile()
     users = first_users or {}
-    seen_as = handed_over_as or {}
     tensors = [{"id": s.tensor_id, "name": s.name, "numel": s.numel, "dtype": s.dtype,
                 "bytes": s.nbytes, "forward_index": s.forward_index,
-                "ready_time_s": profile.ready_times[seen_as.get(s.tensor_id, s.tensor_id)]
-                if profile.measured else None,
+                "ready_time_s": profile.ready_times[s.tensor_id] if profile.measured else None,
                 "module": users.get(s.tensor_id)}
                for s in specs]
     modules = module_rows(module_order, module_times)

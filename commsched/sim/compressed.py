@@ -2,16 +2,18 @@
 would send (commsched.plan.compressed builds both layouts), and the compute they add.
 
 Note [Simulated compression compute]
-The run spends `compute.compression_s` per iteration on the training thread (the profiler
-records it for a compressed run): P = M Q or the top-k selection in the gradient hooks, then,
-in synchronize(), orthogonalisation, Q = M^T P and the decompression. The simulator puts all of
-it in one span after backward: for PowerSGD it starts when backward has ended and every P block
-is done (the training thread waits for the Ps before it computes the Qs), and the Q blocks are
-offered when it ends; for top-k it starts when backward ends and the all-gather blocks are
-offered when it ends. Counting the hooks' share after backward, and the Qs as waiting for every
-P rather than their own, makes the prediction slightly pessimistic; both are small next to the
-exchange on a slow link, which is where compression matters. Without a measurement, an estimate
-is used (ESTIMATED_FLOP_S, TOPK_S_PER_ELEMENT) and a note says so.
+The run spends `compute.compression_s` per iteration on the training thread outside the gradient
+hooks (the profiler records it for a compressed run): in synchronize(), orthogonalisation,
+Q = M^T P and the decompression (top-k: the decompression). What the hooks do (P = M Q, the
+top-k selection) lengthens backward, and the profile's ready times, which include every
+compressed gradient's hand-over, already show it. The simulator puts compression_s in one span
+after backward: for PowerSGD it starts when backward has ended and every P block is done (the
+training thread waits for the Ps before it computes the Qs), and the Q blocks are offered when it
+ends; for top-k it starts when backward ends and the all-gather blocks are offered when it ends.
+Counting the Qs as waiting for every P rather than their own makes the prediction slightly
+pessimistic. Without a measurement (a profile of an uncompressed run, whose backward has no
+hooks' share either), an estimate of all of the compressor's compute is used (ESTIMATED_FLOP_S,
+TOPK_S_PER_ELEMENT) and a note says so.
 """
 
 from __future__ import annotations

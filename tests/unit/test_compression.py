@@ -321,6 +321,23 @@ def test_profile_has_the_compute_compression_adds() -> None:
     assert wire == []  # the profile lists the model's tensors; wire blocks are in the samples
 
 
+@pytest.mark.parametrize("compression", [Compression.powersgd(rank=2, min_ratio=1),
+                                         Compression.topk(ratio=0.1)], ids=["powersgd", "topk"])
+def test_profile_times_a_compressed_gradient_when_it_was_handed_over(compression: Any) -> None:
+    """A compressed gradient is in no block, but the profile has its ready time (top-k
+    compresses every tensor of this model and marks its wire tensors only with the last one:
+    without them the profiled backward would last no time at all)."""
+    model = _model()
+    opt = _wrap(model, compression, profile_steps=3)
+    for step in range(3):
+        _step(model, opt, step)
+    document = opt.session.profile_document()
+    opt.session.close()
+    ready = {t["name"]: t["ready_time_s"] for t in document["tensors"]}
+    # Backward produces the last layer's gradients first: the first layer's weight comes later.
+    assert ready["0.weight"] > ready["2.weight"] >= 0
+
+
 def test_timeline_shows_the_wire_tensors_and_the_compute(tmp_path) -> None:
     import json
 
@@ -333,7 +350,8 @@ def test_timeline_shows_the_wire_tensors_and_the_compute(tmp_path) -> None:
     events = json.loads((tmp_path / "trace.rank0.json").read_text())
     names = [e["name"] for e in events]
     assert names.count("ready:0.weight/powersgd.P") == names.count("ready:0.weight/powersgd.Q") == 2
-    assert "ready:0.weight" not in names  # the compressed gradient itself is in no block
+    # The compressed gradient is in no block; its hand-over to the compressor is on the timeline.
+    assert names.count("ready:0.weight") == 2
     assert {"compress", "decompress"} <= set(names)
 
 
