@@ -37,7 +37,6 @@ from ..compression import (
     initial_q,
     matrix_shape,
     orthogonalise_,
-    powersgd_approx,
     topk_combine,
     topk_select,
     warm_start_,
@@ -258,13 +257,14 @@ class CompressedGradients:
         An overlap plan calls it per update group, in the next forward pass."""
         started = time.perf_counter()
         if isinstance(self.lossy, PowerSGD):
-            approx = powersgd_approx(self.p_wire[index], self.q_wire[index])
+            # P Q^T straight into the gradient (no temporary of the gradient's size).
+            approx = out.view(self.residuals[index].shape)
+            torch.matmul(self.p_wire[index], self.q_wire[index].T, out=approx)
             self.residuals[index] -= approx
             warm_start_(self.q[index], self.q_wire[index])
         else:
-            approx = self._combined(index, scale)
+            out.view(-1).copy_(self._combined(index, scale))
         _finite_(self.residuals[index])
-        out.view(approx.shape).copy_(approx)
         self.busy_s += time.perf_counter() - started
 
     def simulated(self, run: RunProfile) -> CompressedRun:
