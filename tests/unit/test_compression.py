@@ -242,18 +242,22 @@ def test_full_rank_training_reproduces_uncompressed(passes: int) -> None:
     assert any(not torch.allclose(a, b, atol=1e-4) for a, b in zip(low, plain, strict=True))
 
 
+@pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
 @pytest.mark.parametrize("compression", [Compression.powersgd(rank=2, min_ratio=1, start_step=3),
                                          Compression.topk(ratio=0.1)],
                          ids=["powersgd", "topk"])
-def test_resumed_run_is_bit_identical(compression: Any) -> None:
+def test_resumed_run_is_bit_identical(compression: Any, policy: str) -> None:
+    """Also under an overlap plan, whose last updates are applied (flush) before saving."""
     model = _model()
-    opt = _wrap(model, compression)
+    opt = _wrap(model, compression, policy=policy, model=model)
     for step in range(4):
         _step(model, opt, step)
+    opt.flush()
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
     for step in range(4, 7):
         _step(model, opt, step)
+    opt.flush()
     straight = [p.detach().clone() for p in model.parameters()]
     opt.session.close()
 
@@ -261,11 +265,13 @@ def test_resumed_run_is_bit_identical(compression: Any) -> None:
     saved = torch.load(buffer, weights_only=True)
     model = _model()
     model.load_state_dict(saved["model"])
-    opt = _wrap(model, compression)
+    opt = _wrap(model, compression, policy=policy, model=model)
     opt.load_state_dict(saved["opt"])
     assert "+" in opt.plan.policy  # the compressed plan was restored
+    assert opt.session.defers_updates == (policy == "bytescheduler")
     for step in range(4, 7):
         _step(model, opt, step)
+    opt.flush()
     opt.session.close()
     for a, b in zip(model.parameters(), straight, strict=True):
         assert torch.equal(a, b)
