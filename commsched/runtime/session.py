@@ -328,9 +328,7 @@ class Session(ElasticBinding, CompressedIntake):
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         if compressed is not None:
-            started = _C.now_us()
-            compressed.release_late(self.plan)
-            self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
+            self._second_round(compressed)
         self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         self.engine.wait()
         if compressed is not None:
@@ -341,6 +339,13 @@ class Session(ElasticBinding, CompressedIntake):
         if self._densified:
             self._resparsify()
         self._end_iteration()
+
+    def _second_round(self, compressed: CompressedGradients,
+                      before_wait: Callable[[int], None] | None = None) -> None:
+        """The compressor's second round (PowerSGD's Qs), on the timeline as one span."""
+        started = _C.now_us()
+        compressed.release_late(self.plan, before_wait)
+        self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
 
     def step_deferred(self) -> None:
         """step() of an overlap plan: launch the rest and leave the update to the next forward."""
@@ -353,10 +358,8 @@ class Session(ElasticBinding, CompressedIntake):
         runner.begin()
         compressed = self.compressed
         if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
-            started = _C.now_us()
-            compressed.release_late(self.plan, before_wait=runner.release_for)
+            self._second_round(compressed, before_wait=runner.release_for)
             compressed.end_round()
-            self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
             self.engine.profiler.note("compression_s", compressed.take_busy_s())
         # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
         self.sparse.exchange()

@@ -105,6 +105,10 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     last_ready = max(blocks.ready, default=0.0)
     rest = max(compute.before_first_ready_s - compute.forward_s, 0.0)
     after = block_positions(plan, compressor.after) if compressor else set()
+    waited = block_positions(plan, compressor.waited_for) if compressor else set()
+    # DeAR: step() releases the all-gathers up to the last one of the first round it waits for.
+    last_gather = max((gather_index[p] for p in waited if p in gather_index), default=-1)
+    released_at_step = gathers[:last_gather + 1]
     starts = [0.0]
     events: list[SimEvent] = []
     for k in range(iterations):
@@ -135,25 +139,23 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
                 channel.offer(pos, first + blocks.ready_after_first[pos])
         fwd.busy(last_ready, "backward")
         if compressor is not None:
-            _second_round(fwd, plan, compressor, gather_index, after)
+            _second_round(fwd, compressor.seconds, released_at_step, waited, after)
         events = fwd.events
         starts.append(fwd.t)  # step() returns at once: the next iteration starts here
     return starts, events, channel
 
 
-def _second_round(fwd: _Forward, plan: Plan, compressor: CompressorCompute,
-                  gather_index: dict[int, int], after: set[int]) -> None:
+def _second_round(fwd: _Forward, seconds: float, released: list[int], waited: set[int],
+                  after: set[int]) -> None:
     """step() under a compressor (Note [Compression under an overlap plan] in
     runtime/compressed.py): DeAR's all-gathers of the first round released, its blocks waited
     for, the compressor's time (all of it, decompression included: Note [Simulated compression
     compute]), then the second round launched; the next forward waits for it per group."""
-    waited = block_positions(plan, compressor.waited_for)
-    gathered = [gather_index[p] for p in waited if p in gather_index]
-    for pos in fwd.gathers[:max(gathered) + 1] if gathered else ():
+    for pos in released:
         fwd.channel.offer(pos, fwd.t)  # the channel was reset since the forward released any
     if waited:
         fwd.wait_until(max(fwd.channel.done_at(p) for p in waited), "step")
-    fwd.busy(compressor.seconds, "compress")
+    fwd.busy(seconds, "compress")
     for pos in sorted(after):
         fwd.channel.offer(pos, fwd.t)
 

@@ -18,7 +18,7 @@ from ..config import Config, Policy
 from .compressed import compress_run
 from .network import Algorithm, FittedNetwork, LinkNetwork, Network
 from .profile import RunProfile
-from .rank import PlanCache, Ranked, evaluate, mode_of
+from .rank import PlanCache, Ranked, allowed_policies, evaluate, mode_of
 from .simulator import SimResult, simulate
 
 TARGET_SCALING = 0.9
@@ -165,8 +165,7 @@ def sweep(model: str, run: RunProfile, base_cfg: Config, policies: list[Policy],
             if key not in by_world:
                 by_world[key] = PlanCache(run, base_cfg, compress_run(run, value, link.workers))
             found = _rows_for(model, by_world[key], _simulable(run, simulated), link.network(),
-                              t1, tune,
-                              link.workers, link.bandwidth_bytes_per_s, value.label)
+                              t1, tune, link.workers, link.bandwidth_bytes_per_s, value.label)
             rows += [found[p] for p in policies if p in found]
     return t1, rows
 
@@ -198,9 +197,10 @@ def fitted_rows(model: str, run: RunProfile, doc: dict, base_cfg: Config,
 
 
 def _simulable(run: RunProfile, policies: list[Policy]) -> list[Policy]:
-    """The overlap policies need the forward pass's modules, which only a profile recorded with
-    model= has."""
-    return [p for p in policies if not p.overlaps_iterations or run.has_module_info]
+    """`policies` that the profile can simulate (rank.allowed_policies: the overlap ones need
+    the forward pass's modules, which only a profile recorded with model= has)."""
+    allowed = set(allowed_policies(run, overlap_allowed=True))
+    return [p for p in policies if p in allowed]
 
 
 def describe_knobs(knobs: dict[str, int]) -> str:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from commsched.compression import Compression
+from commsched.compression import Compression, LossyCompression
 from commsched.plan import Block, Collective, Piece, Plan, TensorSpec
 from commsched.runtime.compressed import CompressedGradients
-from commsched.sim import LinkNetwork, Mode, profile_from_document, simulate
+from commsched.sim import LinkNetwork, Mode, SimResult, profile_from_document, simulate
 from commsched.sim.cli import UsageError, main, parse_compressions
 from commsched.sim.compressed import compress_run
 from commsched.sim.profile import ProfileError, RunProfile, specs_from_profile
@@ -200,9 +200,16 @@ def overlap_document() -> dict:
     return doc
 
 
-def spans_of(result: object) -> list[tuple[str, str, float, float]]:
+def simulate_overlap(lossy: LossyCompression) -> SimResult:
+    """overlap_document() under `lossy`, one block per tensor, in overlap mode."""
+    compressed = compress_run(profile_from_document(overlap_document()), lossy, world=2)
+    plan = compressed.plan(one_block_each)
+    return simulate(compressed.run, plan, NET, Mode.OVERLAP, compressor=compressed.compute)
+
+
+def spans_of(result: SimResult) -> list[tuple[str, str, float, float]]:
     return sorted((e.lane, e.name, round(e.start_s * 1e3, 6), round(e.end_s * 1e3, 6))
-                  for e in result.events)  # type: ignore[attr-defined]
+                  for e in result.events)
 
 
 def test_overlap_iteration_with_powersgd() -> None:
@@ -214,10 +221,7 @@ def test_overlap_iteration_with_powersgd() -> None:
     7.4; the rest of before_first_ready_s (10 - 2 of forward): first gradient at 15.4, b at
     17.4; b's block (80 B, 2.8) 17.4-20.2, then P's (160 B, 3.6) 20.2-23.8, which step()
     waits for; the compressor's 3 ms end the iteration at 26.8."""
-    compressed = compress_run(profile_from_document(overlap_document()),
-                              Compression.powersgd(rank=2), world=2)
-    plan = compressed.plan(one_block_each)
-    result = simulate(compressed.run, plan, NET, Mode.OVERLAP, compressor=compressed.compute)
+    result = simulate_overlap(Compression.powersgd(rank=2))
     assert result.iteration_s == pytest.approx(0.0268)
     spans = spans_of(result)
     for span in [("network", "allreduce", 0.0, 4.4), ("wait", "first", 0.0, 4.4),
@@ -231,10 +235,7 @@ def test_overlap_iteration_with_topk() -> None:
     """Top-k has no first round: step() computes for 3 ms after backward (2 ms after the
     first gradient at 13.56), and its two all-gathers (1.28 ms each) run at the start of the
     next iteration, where w's group waits for both: 2.56."""
-    compressed = compress_run(profile_from_document(overlap_document()),
-                              Compression.topk(ratio=0.01), world=2)
-    plan = compressed.plan(one_block_each)
-    result = simulate(compressed.run, plan, NET, Mode.OVERLAP, compressor=compressed.compute)
+    result = simulate_overlap(Compression.topk(ratio=0.01))
     assert result.iteration_s == pytest.approx(0.01856)
     spans = spans_of(result)
     for span in [("network", "all_gather", 0.0, 1.28), ("network", "all_gather", 1.28, 2.56),
