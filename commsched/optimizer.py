@@ -89,7 +89,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:
         session = self.session
-        if session.elastic_state_step:  # hvd.elastic's sync on a worker with no state yet
+        if session.elastic and session.elastic_state_step:  # hvd.elastic's state sync
             return super().step(closure)
         if self._cs_should_synchronize and session.defers_updates and not self._cs_synchronized:
             if closure is not None:

@@ -176,7 +176,7 @@ class DeferredUpdates:
         self._snapshots.take()
 
     def _optimizer_for(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
-        key = tuple(id(p) for p in params)
+        key = tuple(map(id, params))
         sub = self._subs.get(key)
         if sub is None:
             if len(self._subs) >= _MAX_SUBSETS:

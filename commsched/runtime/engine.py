@@ -68,6 +68,9 @@ class EngineHandle:
         # profiled, then a sample now and then is enough (auto's late re-check reads the
         # latest ones), which keeps the per-iteration Python small.
         self._sample_every = 1
+        # Whether the profiler records the round in progress: the figures the session and the
+        # runner time themselves (compute before backward, optimizer calls) are then taken too.
+        self.sampling = True
         self._ops: list[str] = []
         self._iteration = iteration or (lambda: self.rounds)
         self._world = world
@@ -103,7 +106,8 @@ class EngineHandle:
     def _arm_ready_events(self) -> None:
         """A world of one records device ready events only for the rounds the profiler samples
         (nothing else reads them; Note [A world of one] in csrc/engine.cpp)."""
-        self._engine.set_local_ready_events((self.rounds + 1) % self._sample_every == 0)
+        self.sampling = (self.rounds + 1) % self._sample_every == 0
+        self._engine.set_local_ready_events(self.sampling)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
@@ -161,7 +165,8 @@ class EngineHandle:
         started = _C.now_us()
         self._guarded(self._engine.wait_all, self.timeout_ms)
         self.rounds += 1
-        self.span("wait", started, what="all blocks")
+        if self.timeline:
+            self.span("wait", started, what="all blocks")
         if self.rounds % self._sample_every == 0:
             engine = self._engine
             self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops,

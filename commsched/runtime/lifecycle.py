@@ -130,18 +130,21 @@ class PlanLifecycle:
 
     def iteration_ended(self, iteration: int) -> None:
         """Feeds `auto`'s check and re-plans when the profiling steps are over."""
-        now = time.perf_counter()
-        if self.auto is not None and self._last_end is not None \
-                and self.auto.record(now - self._last_end):
-            measured = self._world.broadcast_object(self.auto.local_median())
-            if self.auto.conclude(measured):
-                self.replan()
-        self._last_end = time.perf_counter()
+        auto = self.auto
+        if auto is not None:
+            now = time.perf_counter()
+            if self._last_end is not None and auto.record(now - self._last_end):
+                measured = self._world.broadcast_object(auto.local_median())
+                if auto.conclude(measured):
+                    self.replan()
+            self._last_end = time.perf_counter()
         if iteration == self.replan_at:
             self.replan()
         settled = self.replan_at is None or iteration >= self.replan_at
-        checking = self.auto is not None and self.auto.measured_s is None
-        self._engine.sample_every = SAMPLE_EVERY if settled and not checking else 1
+        checking = auto is not None and auto.measured_s is None
+        every = SAMPLE_EVERY if settled and not checking else 1
+        if every != self._engine.sample_every:
+            self._engine.sample_every = every
 
     def replan(self) -> None:
         """Builds the policy's plan from rank 0's profile, identically on every rank."""

@@ -93,6 +93,7 @@ class OverlapRunner:
         self._pending_groups: set[int] = set()
         self._bytes_of: dict[tuple[int, ...], int] = {}
         self._needs: dict[int, int] = {}
+        self._taken: list[tuple[int, torch.Tensor]] = []  # (tensor id, parameter) in _needs
         self._gathers: list[int] = []
         self._released = 0
         self._handles: list[Any] = []
@@ -162,6 +163,7 @@ class OverlapRunner:
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         self._needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)
+        self._taken = [(t, p) for t, p in enumerate(self._params) if t in self._needs]
         self._decompressed = {} if compressed is None else \
             {t: index for index, t in enumerate(compressed.ids)}
         groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
@@ -211,10 +213,10 @@ class OverlapRunner:
     def begin(self) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward."""
         self._deferred.snapshot()
-        for tid, p in enumerate(self._params):
-            if tid in self._needs:
-                self._grads[tid] = p.grad  # type: ignore[assignment]
-                p.grad = None
+        grads = self._grads
+        for tid, p in self._taken:
+            grads[tid] = p.grad  # type: ignore[assignment]
+            p.grad = None
         self._pending = set(self._grads)
         self._pending_groups = set(range(len(self._groups)))
         self.open = True
@@ -253,13 +255,17 @@ class OverlapRunner:
         started = _C.now_us()
         if self._decompressed:  # its time is the compressor's (compute.compression_s)
             self._decompress(tids)
-        timer = UpdateTimer(params)  # device events on CUDA (Note [Which clock])
-        self._deferred.apply(params, [self._grads[t] for t in tids])
-        took = timer.stop()
-        elapsed = _C.now_us() - started
-        self._update_us += elapsed
-        self._engine.profiler.note_update(nbytes, took)
-        self._engine.span("update", started, tensors=len(tids))
+        engine = self._engine
+        grads = self._grads
+        if engine.sampling:  # the profiler keeps every few iterations only
+            timer = UpdateTimer(params)  # device events on CUDA (Note [Which clock])
+            self._deferred.apply(params, [grads[t] for t in tids])
+            engine.profiler.note_update(nbytes, timer.stop())
+        else:
+            self._deferred.apply(params, [grads[t] for t in tids])
+        self._update_us += _C.now_us() - started
+        if engine.timeline:
+            engine.span("update", started, tensors=len(tids))
         self._pending.difference_update(tids)
 
     def _decompress(self, tids: list[int]) -> None:

@@ -204,16 +204,21 @@ class Session(ElasticBinding, CompressedIntake):
     def _first_gradient(self) -> None:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
-        if self.stale:
-            self._elastic_guard(self._rebind)
+        if self.elastic:
+            if self.stale:
+                self._elastic_guard(self._rebind)
+            self._elastic_guard(lambda: self.lifecycle.settle(self.iteration))
+        else:
+            self.lifecycle.settle(self.iteration)
         self._gradients_started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
-        self._elastic_guard(lambda: self.lifecycle.settle(self.iteration))
-        if self.runner is not None and self.runner.open:
+        runner = self.runner
+        if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
-            self.runner.finish()
-        self.clock.first_gradient(self.runner.update_seconds_so_far()
-                                  if self.runner is not None else 0.0)
+            runner.finish()
+        if self.engine.sampling:  # the profiler keeps every few iterations only
+            self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
+                                      else 0.0)
 
     def _gradient_hook(self, tensor_id: int, compressed: CompressedGradients | None = None):
         """The hook that hands a parameter's finished gradient over: to the engine, or, for a
@@ -231,9 +236,10 @@ class Session(ElasticBinding, CompressedIntake):
             remaining = session._delay[tensor_id]
             if remaining <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
-            if param.grad is None:
+            grad = param.grad
+            if grad is None:
                 return
-            if param.grad.is_sparse:
+            if grad.is_sparse:
                 session._densify(tensor_id, param)
             session._delay[tensor_id] = remaining - 1
             session._handed += 1
@@ -241,8 +247,10 @@ class Session(ElasticBinding, CompressedIntake):
                 session._marked += 1
                 if compressed is not None and compressed.on:
                     compressed.hand_over(index, dense_layout(param))
-                else:
+                elif grad.is_sparse or not grad.is_contiguous():
                     session._mark_ready(tensor_id, dense_layout(param))
+                else:  # the common case, without another Python call
+                    session._mark_ready(tensor_id, grad)
         return hook
 
     def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
@@ -316,11 +324,14 @@ class Session(ElasticBinding, CompressedIntake):
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
-        if self.stale:  # no gradient in this iteration on this rank; the world changed
+        if self.elastic and self.stale:  # no gradient in this iteration here; the world changed
             self._elastic_guard(self._rebind)
         _activity.now = ("step", time.monotonic(), self.iteration)
         self.flush()
-        self._elastic_guard(self._reduce)
+        if self.elastic:
+            self._elastic_guard(self._reduce)
+        else:  # only an elastic job abandons a failed iteration
+            self._reduce()
 
     def _reduce(self) -> None:
         self.lifecycle.settle(self.iteration)
@@ -329,7 +340,8 @@ class Session(ElasticBinding, CompressedIntake):
             else None
         if compressed is not None:
             self._second_round(compressed)
-        self.sparse.exchange()  # while the engine's thread reduces the dense blocks
+        if self._routed:
+            self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         self.engine.wait()
         if compressed is not None:
             started = _C.now_us()
@@ -362,10 +374,13 @@ class Session(ElasticBinding, CompressedIntake):
             compressed.end_round()
             self.engine.profiler.note("compression_s", compressed.take_busy_s())
         # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
-        self.sparse.exchange()
-        self.sparse.step_now(self.deferred)
+        if self._routed:
+            self.sparse.exchange()
+            self.sparse.step_now(self.deferred)
         self._end_iteration()
-        self.engine.profiler.note("step_s", runner.take_update_seconds())
+        update_s = runner.take_update_seconds()
+        if self.engine.sampling:
+            self.engine.profiler.note("step_s", update_s)
         self.clock.step_ended()
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
@@ -383,17 +398,19 @@ class Session(ElasticBinding, CompressedIntake):
         self.clock.step_ended()
         self.engine.span("update", started)
         profiler = self.engine.profiler
-        profiler.note("step_s", (self.clock.step_end_us - started) / 1e6)
+        if self.engine.sampling or samples:
+            profiler.note("step_s", (self.clock.step_end_us - started) / 1e6)
         for nbytes, seconds in samples:
             profiler.note_update(nbytes, seconds)
         _activity.now = ("forward", time.monotonic(), self.iteration)
         return result
 
     def _end_iteration(self) -> None:
-        self.set_passes(self.passes)
+        self._reset_counts()
         self._gradients_started = False
         self.iteration += 1
-        self.engine.mark(f"iteration {self.iteration}")
+        if self.engine.timeline:
+            self.engine.mark(f"iteration {self.iteration}")
         if self.compressed is not None:
             self._compression_switch()
         self.lifecycle.iteration_ended(self.iteration)

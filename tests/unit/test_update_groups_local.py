@@ -158,3 +158,37 @@ def test_the_profile_does_not_count_deferred_updates_as_forward_compute() -> Non
     assert min(compute["step_s"][-4:]) >= 0.03  # the deferred updates are counted, once
     assert max(compute["before_first_ready_s"][-4:]) < 0.02
     opt.session.close()
+
+
+@pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
+def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples(
+        policy: str) -> None:
+    """After the profiling steps the engine records every SAMPLE_EVERY-th iteration; the
+    figures the session and the runner time themselves (compute before backward, step_s, the
+    optimizer calls) follow the same rounds rather than costing Python every iteration."""
+    from commsched.runtime.lifecycle import SAMPLE_EVERY
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2)
+    profiler = opt.session.engine.profiler
+    _train(model, opt, 4)
+
+    def counts() -> tuple[int, int, int, int]:
+        compute = profiler.compute_samples
+        return (len(profiler.ready_samples), len(compute["before_first_ready_s"]),
+                len(compute["step_s"]), len(profiler.update_samples))
+
+    before = counts()
+    steps = 6 * SAMPLE_EVERY
+    _train(model, opt, steps)
+    grown = [after - start for after, start in zip(counts(), before, strict=True)]
+    assert grown[0] == steps // SAMPLE_EVERY  # the engine's own sampled rounds
+    assert grown[1] == grown[2] == steps // SAMPLE_EVERY
+    if opt.session.defers_updates:  # one call per update group and sampled iteration
+        groups = len(opt.plan.update_groups)
+        # The updates run in the next forward pass: the window may start or end one round off.
+        assert abs(grown[3] - steps // SAMPLE_EVERY * groups) <= groups
+    else:
+        assert grown[3] == 0
+    opt.session.close()
