@@ -4,6 +4,7 @@ where a group starts, and the same parameters as the plain optimizer."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,8 @@ import torch
 from torch import nn
 
 import commsched
+from commsched.plan import UpdateGroup
+from commsched.sim.overlap import completing_blocks
 
 
 def _model() -> nn.Module:
@@ -54,10 +57,13 @@ def test_planned_groups_update_like_the_plain_optimizer(
     groups = ours.plan.update_groups
     assert session.defers_updates and groups, "an overlap plan with planned update groups"
     assert sorted(t for g in groups for t in g.tensor_ids) == list(range(8))
-    # Pre-hooks now only on the first users of parameters (the Linear layers; a group's work
-    # runs where it starts, the others only check it ran); no ReLU/Tanh, no root pre-hook.
-    assert _hooked(model) == {"0", "2", "4", "6"}
-    assert {g.module for g in groups} <= {"0", "2", "4", "6"}
+    # Pre-hooks now only where a group starts and on the first users of its parameters (the
+    # Linear layers), none on ReLU/Tanh; the leading group, which starts at the first Linear,
+    # runs in the root's pre-hook (Note [The leading group runs at the root]).
+    assert {g.module for g in groups} <= {"0", "2", "4", "6"} and groups[0].module == "0"
+    user = {t: str(2 * (t // 2)) for t in range(8)}  # "0.weight", "0.bias" -> "0", ...
+    later = {m for g in groups[1:] for m in (g.module, *(user[t] for t in g.tensor_ids))}
+    assert _hooked(model) == {""} | later
     # The split update of the profiling steps timed calls of two sizes: a fitted call cost.
     compute = session.profile_document()["compute"]
     assert compute["update_fixed_s"] >= 0 and compute["update_per_byte_s"] >= 0
@@ -77,20 +83,22 @@ def test_a_costly_call_with_nothing_to_wait_for_makes_one_group() -> None:
     assert len(opt.plan.update_groups) == 1
     group = opt.plan.update_groups[0]
     assert group.module == "0" and group.tensor_ids == tuple(range(8))
-    assert _hooked(model) == {"0", "2", "4", "6"}
+    assert _hooked(model) == {""}  # the one group runs at the root: no other module is hooked
     opt.session.close()
 
 
 class Sometimes(nn.Module):
-    """`first` runs on even steps only: the one update group starts there."""
+    """`first` runs on even steps only: a group starting there is skipped on odd steps."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(1)
-        self.first, self.second, self.third = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+        self.zeroth, self.first = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.second, self.third = nn.Linear(4, 4), nn.Linear(4, 2)
         self.step = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.zeroth(x)
         if self.step % 2 == 0:
             x = self.first(x)
         return self.third(torch.relu(self.second(x)))
@@ -103,18 +111,35 @@ def test_a_skipped_group_start_is_applied_by_the_next_module_that_needs_it() -> 
                                           named_parameters=model.named_parameters(),
                                           model=model, policy="bytescheduler", profile_steps=2)
     plain = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
-    for step in range(7):
-        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
-        for m, opt in ((model, ours), (twin, plain)):
-            m.step = step
-            opt.zero_grad()
-            m(x).square().sum().backward()  # the old parameters in forward would fail here
-            for p in m.parameters():  # Horovod's rule: a missing gradient counts as zeros
-                if opt is plain and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            opt.step()
+
+    def train(steps: range) -> None:
+        for step in steps:
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+            for m, opt in ((model, ours), (twin, plain)):
+                m.step = step
+                opt.zero_grad()
+                m(x).square().sum().backward()  # the old parameters in forward would fail here
+                for p in m.parameters():  # Horovod's rule: a missing gradient counts as zeros
+                    if opt is plain and p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                opt.step()
+
+    train(range(3))  # the profiling steps, then the planned overlap plan
     ours.flush()
-    assert [g.module for g in ours.plan.update_groups] == ["first"]
+    # Two groups, the second starting at `first`, which odd steps skip: `second` and `third`,
+    # first users of its other parameters, must apply it then.
+    plan = ours.plan
+    needs = completing_blocks(plan)
+    tids = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    split = [("zeroth", (tids["zeroth.weight"], tids["zeroth.bias"])),
+             ("first", tuple(t for n, t in tids.items() if not n.startswith("zeroth")))]
+    runner = ours.session.runner
+    assert runner is not None
+    runner.activate(dataclasses.replace(plan, update_groups=tuple(
+        UpdateGroup(module, ts, max(needs[t] for t in ts)) for module, ts in split)))
+    assert _hooked(model) == {"", "first", "second", "third"}
+    train(range(3, 9))
+    ours.flush()
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
     ours.session.close()
