@@ -204,14 +204,14 @@ class Session(ElasticBinding, CompressedIntake):
     def _first_gradient(self) -> None:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
-        if self.elastic:
-            if self.stale:
-                self._elastic_guard(self._rebind)
-            self._elastic_guard(lambda: self.lifecycle.settle(self.iteration))
-        else:
-            self.lifecycle.settle(self.iteration)
+        if self.elastic and self.stale:
+            self._elastic_guard(self._rebind)
         self._gradients_started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
+        if self.elastic:
+            self._elastic_guard(lambda: self.lifecycle.settle(self.iteration))
+        else:  # only an elastic job abandons a failed iteration
+            self.lifecycle.settle(self.iteration)
         runner = self.runner
         if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
