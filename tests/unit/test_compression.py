@@ -105,14 +105,26 @@ def test_full_rank_powersgd_is_exact() -> None:
         torch.testing.assert_close(sum(residuals), torch.zeros(12, 9), rtol=0, atol=1e-4)
 
 
-def test_orthogonalise_zero_and_dependent_columns() -> None:
-    p = torch.zeros(5, 3)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_orthogonalise_gives_an_orthonormal_basis_that_contains_p(dtype: torch.dtype) -> None:
+    """Also with a zero and a dependent column (Note [Dependent columns of P])."""
+    p = torch.zeros(5, 4, dtype=dtype)
     p[:, 0] = torch.arange(5.0)
     p[:, 1] = 2 * p[:, 0]
-    orthogonalise_(p)
-    assert torch.isfinite(p).all()
-    torch.testing.assert_close(p[:, 0].norm(), torch.tensor(1.0))
-    assert p[:, 1:].abs().max() == 0
+    p[:, 3] = torch.tensor([1.0, -1.0, 0.5, 0.0, 2.0])
+    given = p.double().clone()
+    basis = orthogonalise_(p).double()
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(basis.T @ basis, torch.eye(4, dtype=torch.float64),
+                               rtol=0, atol=tolerance)
+    torch.testing.assert_close(basis @ basis.T @ given, given, rtol=0, atol=tolerance * 10)
+
+
+def test_orthogonalise_keeps_a_non_finite_column_non_finite() -> None:
+    """An overflowing step must still show in the rebuilt gradient, whatever QR makes of it."""
+    p = torch.randn(6, 3)
+    p[2, 1] = float("inf")
+    assert not torch.isfinite(orthogonalise_(p)[:, 1]).any()
 
 
 def test_which_tensors_compress() -> None:
