@@ -4,6 +4,7 @@ its world went stale, re-binding to the world of now, and forgetting a failed it
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ..world import World, bootstrap
 from .engine import EngineHandle
@@ -47,11 +48,11 @@ class ElasticBinding:
         self._reset_counts()
         self._gradients_started = False
 
-    def _elastic_guard(self, call: Callable[[], None]) -> None:
-        """Runs `call`; in an elastic job a failure first abandons the iteration, so that the
-        restored run starts it clean."""
+    def _elastic_guard(self, call: Callable[..., None], *args: Any) -> None:
+        """Runs `call(*args)`; in an elastic job a failure first abandons the iteration, so that
+        the restored run starts it clean."""
         try:
-            call()
+            call(*args)
         except RuntimeError:
             if self.elastic:
                 self._abandon_iteration()

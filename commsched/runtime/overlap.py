@@ -268,13 +268,12 @@ class OverlapRunner:
         if self._decompressed:  # its time is the compressor's (compute.compression_s)
             self._decompress(tids)
         engine = self._engine
-        grads = self._grads
-        if engine.sampling:  # the profiler keeps every few iterations only
-            timer = UpdateTimer(params)  # device events on CUDA (Note [Which clock])
-            self._deferred.apply(params, [grads[t] for t in tids])
+        # Timed only when the profiler keeps this iteration; device events on CUDA (Note
+        # [Which clock]).
+        timer = UpdateTimer(params) if engine.sampling else None
+        self._deferred.apply(params, [self._grads[t] for t in tids])
+        if timer is not None:
             engine.profiler.note_update(nbytes, timer.stop())
-        else:
-            self._deferred.apply(params, [grads[t] for t in tids])
         self._update_us += _C.now_us() - started
         if engine.timeline:
             engine.span("update", started, tensors=len(tids))

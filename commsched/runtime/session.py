@@ -208,10 +208,7 @@ class Session(ElasticBinding, CompressedIntake):
             self._elastic_guard(self._rebind)
         self._gradients_started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
-        if self.elastic:
-            self._elastic_guard(lambda: self.lifecycle.settle(self.iteration))
-        else:  # only an elastic job abandons a failed iteration
-            self.lifecycle.settle(self.iteration)
+        self._elastic_guard(self.lifecycle.settle, self.iteration)
         runner = self.runner
         if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
@@ -328,10 +325,7 @@ class Session(ElasticBinding, CompressedIntake):
             self._elastic_guard(self._rebind)
         _activity.now = ("step", time.monotonic(), self.iteration)
         self.flush()
-        if self.elastic:
-            self._elastic_guard(self._reduce)
-        else:  # only an elastic job abandons a failed iteration
-            self._reduce()
+        self._elastic_guard(self._reduce)
 
     def _reduce(self) -> None:
         self.lifecycle.settle(self.iteration)
