@@ -4,7 +4,7 @@
 # ring reduce-scatter and all-gather (csrc/ring.h), 64 KiB to 64 MiB, on 2, 3 and 4 ranks. With
 # root and iproute2 the ranks run inside a namespace whose loopback is shaped to RATE (default
 # 1gbit: where the overlap benchmark runs DeAR); RATE=none runs on the plain loopback.
-# Writes benchmarks/collectives/results.{json,md,png}.
+# Writes benchmarks/collectives/results.{json,md,png}, and each world size's own run in ranks<N>/.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -12,8 +12,7 @@ RATE="${RATE:-1gbit}"
 RANKS="${RANKS:-2 3 4}"
 ROUNDS="${ROUNDS:-3}"
 OUT="${OUT:-benchmarks/collectives}"
-parts="$(mktemp -d)"
-trap 'rm -rf "$parts"; scripts/netem.sh down' EXIT
+trap 'scripts/netem.sh down' EXIT
 prefix=()
 note="plain loopback"
 if [ "$RATE" != none ]; then
@@ -24,8 +23,8 @@ fi
 dirs=()
 for n in $RANKS; do
   "${prefix[@]}" .venv/bin/torchrun --nproc-per-node "$n" --master-port 29533 \
-    -m commsched.bench.collectives --rounds "$ROUNDS" --out "$parts/$n" --note "$note"
-  dirs+=("$parts/$n")
+    -m commsched.bench.collectives --rounds "$ROUNDS" --out "$OUT/ranks$n" --note "$note"
+  dirs+=("$OUT/ranks$n")
 done
 .venv/bin/python -m commsched.bench.collectives --out "$OUT" --note "$note" --merge "${dirs[@]}"
 {

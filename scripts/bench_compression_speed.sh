@@ -24,13 +24,11 @@ done
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch out
   scripts/netem.sh up "$RATE"
-  profiles="$(mktemp -d)"
   # 12 warm-up steps cover commsched's profiling steps and DDP's start_powerSGD_iter.
   scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds "${ROUNDS:-3}" --steps "${STEPS:-8}" --warmup 12 \
-    --candidates "$CANDIDATES" --predict-dir "$profiles" --link-note "loopback shaped to $RATE" \
+    --candidates "$CANDIDATES" --predict --link-note "loopback shaped to $RATE" \
     --out "$OUT/$3" 2>&1 | rank0_stdout
-  rm -rf "$profiles"
 }
 run cnn 64 cnn
 run transformer 8 transformer

@@ -13,13 +13,11 @@ CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,com
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch rate ranks out
   scripts/netem.sh up "$3"
-  # The profiles give the simulator's predictions and the floor of any cross-iteration schedule.
-  profiles="$(mktemp -d)"
+  # --predict: the candidates' own profiles give the simulator's predictions and the floor of any cross-iteration schedule.
   # 28 warm-up steps cover auto's profiling steps, its 20-step check and its one re-plan.
   scripts/netem.sh run .venv/bin/horovodrun -np "$4" --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds 3 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
-    --predict-dir "$profiles" --link-note "loopback shaped to $3" --out "$OUT/$5" 2>&1 | rank0_stdout
-  rm -rf "$profiles"
+    --predict --link-note "loopback shaped to $3" --out "$OUT/$5" 2>&1 | rank0_stdout
 }
 run cnn 64 "$CNN_RATE" 2 cnn
 run transformer 8 "$TRANSFORMER_RATE" 2 transformer

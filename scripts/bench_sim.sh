@@ -20,12 +20,10 @@ for rate in $RATES; do
     set -- $spec
     dir="$OUT/$1-$rate"
     [ "$3" = 2 ] || dir="$dir-$3ranks"
-    profiles="$(mktemp -d)"
     scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
       --model "$1" --batch-size "$2" --rounds 2 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
-      --predict-dir "$profiles" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
+      --predict --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | rank0_stdout
-    rm -rf "$profiles"
     results+=("$dir/results.json")
   done
 done

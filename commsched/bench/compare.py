@@ -48,7 +48,7 @@ class Candidate:
     step: Callable[[int], None]
     finish: Callable[[], None] = lambda: None  # lets pending work end before others run
     optimizer: Any = None
-    profile_path: str = ""  # commsched candidates with --predict: where its profile went
+    predicted: bool = False  # a commsched candidate simulated from its profile (--predict)
     model: Any = None
     # Per round: when each step ended (perf_counter), the untimed first step included.
     ends: list[list[float]] = field(default_factory=list)
@@ -76,14 +76,14 @@ def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
 
 
 def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
-                    profile_dir: str = "") -> list[Candidate]:
+                    predict: bool = False, profile_dir: str = "") -> list[Candidate]:
     import horovod.torch as hvd
 
     rank = commsched.rank()
     out = []
     for index, label in enumerate(wanted):
         model = build(name)
-        profile_path = ""
+        predicted = False
         powersgd = parse_ddp_powersgd(label)
         if label in ("hvd", HVD_FP16):
             opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
@@ -100,9 +100,9 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
             opt = _sgd(model)
         else:
             policy, knobs = parse_candidate(label)
+            predicted = predict or bool(profile_dir)
             if profile_dir:
-                profile_path = knobs["profile"] = os.path.join(profile_dir,
-                                                               f"candidate{index}.json")
+                knobs["profile"] = os.path.join(profile_dir, f"candidate{index}.json")
             compression, knobs = split_compression(knobs)
             opt = commsched.DistributedOptimizer(_sgd(model),
                                                  named_parameters=model.named_parameters(),
@@ -110,7 +110,7 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
                                                  model=model, **knobs)
         finish = getattr(opt, "flush", lambda: None)
         out.append(Candidate(label, _stepper(name, model, opt, batch_size, rank), finish,
-                             optimizer=opt, profile_path=profile_path, model=model))
+                             optimizer=opt, predicted=predicted, model=model))
     return out
 
 
@@ -215,7 +215,7 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
 
     predicted, verdict = {}, None
     for cand in candidates:
-        if not cand.profile_path:
+        if not cand.predicted:
             continue
         # The profile as it stands at the end of the run (latest half of the profiler's window):
         # the one written when the profiling steps ended still holds warm-up iterations. `auto`
@@ -246,7 +246,7 @@ def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dic
 
     # A compressed candidate's floor would assume its whole gradients on the wire.
     profiled = [(c, c.optimizer.session.profile_document()) for c in candidates
-                if c.profile_path and lossy_of(parse_candidate(c.name)[1]) is None]
+                if c.predicted and lossy_of(parse_candidate(c.name)[1]) is None]
     if not profiled:
         return None
     with_modules = [(c, d) for c, d in profiled if profile_from_document(d).has_module_info]
@@ -285,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per candidate per round")
     parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
-    parser.add_argument("--predict-dir", default="", help="simulate each commsched candidate from "
-                        "its own profile (written to this directory) and report prediction errors")
+    parser.add_argument("--predict", action="store_true", help="simulate each commsched "
+                        "candidate from its own profile; report prediction errors and the floor")
+    parser.add_argument("--predict-dir", default="", help="as --predict, and keep each "
+                        "candidate's profile in this directory (candidate<N>.json)")
     args = parser.parse_args(argv)
     try:  # before any training: a bad path is one line now, not a traceback after the run
         for path, what in ((args.out, "--out"), (args.predict_dir, "--predict-dir")):
@@ -300,12 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     if world.size > 1 and not dist.is_initialized():
         raise SystemExit("compare needs torch.distributed for the DDP baseline")
     wanted = [c.strip() for c in args.candidates.split(",") if c.strip()]
-    candidates = make_candidates(args.model, wanted, args.batch_size, args.predict_dir)
+    predict = args.predict or bool(args.predict_dir)
+    candidates = make_candidates(args.model, wanted, args.batch_size, predict, args.predict_dir)
     run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     floor_profile = None
-    if args.predict_dir and world.rank == 0:
+    if predict and world.rank == 0:
         bound["auto"] = predictions(candidates, rows)
         floor_profile = add_floor(rows, bound, candidates)
     if world.rank == 0:

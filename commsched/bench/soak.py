@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ import torch
 
 import commsched
 
+from .compare import typed_command
 from .models import ModelName, batch, build, loss_fn
 
 # Memory counts as flat when the last sample is within this fraction of the first one taken
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     after = {"threads_before_shutdown": threads_before_shutdown,
              "threads_after_shutdown": os_threads()}
     if world.rank == 0:
-        report = {"command": " ".join(shlex.quote(a) for a in sys.argv),
+        report = {"command": typed_command("commsched.bench.soak", argv),
                   "args": vars(args) | {"model": args.model.value}, "world_size": world.size,
                   "elapsed_s": elapsed, "ranks": per_rank, "rank0_shutdown": after}
         verdicts = {r: p["verdict"] for r, p in enumerate(per_rank)}

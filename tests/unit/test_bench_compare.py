@@ -168,3 +168,23 @@ def test_compression_targets_lines() -> None:
         "(target <= 0.6x: met)",
         "* commsched:horovod?compression=topk&topk_ratio=0.01 / torch-ddp-powersgd?rank=4: 1.40x",
         "* commsched:horovod?compression=topk&topk_ratio=0.01 / hvd: 0.70x"]
+
+
+def test_predict_simulates_every_commsched_candidate_without_a_profile_folder(tmp_path) -> None:
+    # World of one, in-process: --predict alone (no folder for profiles, so the report's
+    # command has no path of this machine in it) still gives each commsched candidate a
+    # prediction; others get none.
+    import json
+
+    from commsched.bench import compare
+
+    out = tmp_path / "out"
+    assert compare.main(["--model", "mlp", "--candidates", "local (no comm),commsched:horovod",
+                         "--warmup", "12", "--rounds", "1", "--steps", "3", "--predict",
+                         "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    assert rows["commsched:horovod"]["predicted_ms"] > 0
+    assert rows["local (no comm)"].get("predicted_ms") is None
+    assert "--predict " in report["meta"]["command"]
+    assert list(out.iterdir()) and not any(p.name.startswith("candidate") for p in out.iterdir())
