@@ -13,7 +13,8 @@ CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,com
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch rate ranks out
   scripts/netem.sh up "$3"
-  # --predict: the candidates' own profiles give the simulator's predictions and the floor of any cross-iteration schedule.
+  # --predict: the candidates' own profiles give the simulator's predictions and the floor of
+  # any cross-iteration schedule.
   # 28 warm-up steps cover auto's profiling steps, its 20-step check and its one re-plan.
   scripts/netem.sh run .venv/bin/horovodrun -np "$4" --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds 3 --steps 8 --warmup 28 --candidates "$CANDIDATES" \

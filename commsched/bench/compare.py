@@ -77,6 +77,8 @@ def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
 
 def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
                     predict: bool = False, profile_dir: str = "") -> list[Candidate]:
+    """The candidates to time; with `predict`, the commsched ones are simulated afterwards from
+    their profiles, which `profile_dir` (if given) also keeps as files."""
     import horovod.torch as hvd
 
     rank = commsched.rank()
@@ -100,7 +102,7 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
             opt = _sgd(model)
         else:
             policy, knobs = parse_candidate(label)
-            predicted = predict or bool(profile_dir)
+            predicted = predict
             if profile_dir:
                 knobs["profile"] = os.path.join(profile_dir, f"candidate{index}.json")
             compression, knobs = split_compression(knobs)
