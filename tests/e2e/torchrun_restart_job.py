@@ -22,6 +22,13 @@ from torch import nn
 import commsched
 
 STEPS, SAVE_EVERY, PROFILE_STEPS = 12, 3, 2
+# mgwfbp merges a gradient into the block before it when it is ready within alpha of that
+# block's start. Its plan is otherwise built from measured ready times, so the uninterrupted
+# job and the restarted one (each profiling on its own) could choose different fusion
+# boundaries on a loaded machine, and then different float sums. With alpha far above the
+# backward pass, every profile gives one block, which still differs from the profiling plan:
+# a resumed job that profiled again would show it in its plans and its parameters.
+ALPHA_S = 1.0
 
 
 def make_model() -> nn.Module:
@@ -42,7 +49,8 @@ def main(out_dir: str, fail_at: int) -> int:
     model = make_model()
     opt = commsched.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters(),
-                                         policy="mgwfbp", profile_steps=PROFILE_STEPS)
+                                         policy="mgwfbp", profile_steps=PROFILE_STEPS,
+                                         alpha=ALPHA_S)
     path = os.path.join(out_dir, "ckpt.pt")
     start = 0
     if os.path.exists(path):  # every rank loads the same file
