@@ -37,8 +37,9 @@ def floor_summary(document: dict, allreduce_all_ms: float | None = None) -> dict
 
     The network is the profile's fitted all-reduce, except that with `allreduce_all_ms` (one
     measured all-reduce of every gradient) its per-byte cost is the one that makes that
-    all-reduce take what was measured: the fit comes from per-tensor collectives, which on a
-    token-bucket-shaped link ride its burst and understate the cost of bulk transfers."""
+    all-reduce take what was measured: the fit comes from the profiling plan's blocks, and
+    blocks in flight together split their shared time unevenly between them (service time is
+    counted from the previous block's end), which understates bulk transfers."""
     run = profile_from_document(document)
     net = FittedNetwork.from_document(document)
     if allreduce_all_ms is not None and run.total_bytes > 0:
