@@ -37,9 +37,10 @@ def floor_summary(document: dict, allreduce_all_ms: float | None = None) -> dict
 
     The network is the profile's fitted all-reduce, except that with `allreduce_all_ms` (one
     measured all-reduce of every gradient) its per-byte cost is the one that makes that
-    all-reduce take what was measured: the fit comes from the profiling plan's blocks, and
-    blocks in flight together split their shared time unevenly between them (service time is
-    counted from the previous block's end), which understates bulk transfers."""
+    all-reduce take what was measured: the fit comes from the profiling plan's blocks, which
+    understate bulk transfers: small ones ride a token-bucket-shaped link's burst (Note [The
+    bucket's free burst] in scripts/netem.sh), and blocks in flight together split their shared
+    time unevenly (service time is counted from the previous block's end)."""
     run = profile_from_document(document)
     net = FittedNetwork.from_document(document)
     if allreduce_all_ms is not None and run.total_bytes > 0:
