@@ -25,6 +25,7 @@ from torch import nn
 
 import commsched
 
+from ..config import Policy
 from ..outputs import OutputPathError, prepare_dir
 from ..torch_compat import ddp_kwargs
 from .compare_report import bound_lines, markdown_table, write_outputs
@@ -212,7 +213,6 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
 def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict | None:
     """Rank 0: the simulator's prediction per commsched candidate; `auto`'s pick checked against
     the measured-fastest policy."""
-    from ..config import Policy
     from .validate import add_predictions, auto_verdict, predict_ms
 
     predicted, verdict = {}, None
@@ -223,17 +223,39 @@ def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict
         # the one written when the profiling steps ended still holds warm-up iterations. `auto`
         # is simulated like the others, with the policy it chose; what it predicted when it
         # chose is reported beside its pick.
-        policy = Policy(parse_candidate(cand.name)[0])
+        policy = simulated_policy(cand)
         auto = getattr(cand.optimizer, "auto", None)
         if auto is not None:
             verdict = (cand.name, auto.summary())
-            policy = auto.chosen.policy
         lossy = lossy_of(parse_candidate(cand.name)[1])
         shapes = {n: tuple(p.shape) for n, p in cand.model.named_parameters()}
         predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(),
                                           cand.optimizer.plan, policy, lossy, shapes)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
+
+
+def simulated_policy(cand: Candidate) -> Policy:
+    """The policy whose plan the candidate runs: its own, or the one `auto` chose."""
+    auto = getattr(cand.optimizer, "auto", None)
+    return auto.chosen.policy if auto is not None else Policy(parse_candidate(cand.name)[0])
+
+
+def keep_prediction_inputs(candidates: list[Candidate], directory: str) -> None:
+    """Rank 0, with --predict-dir: what each prediction was made from (the end-of-run profile,
+    the installed plan and the policy simulated) as candidate<N>-end.json, so that a change to
+    the fit or the simulator can be checked against a run without running it again."""
+    from ..plan.serialize import plan_to_dict
+
+    for index, cand in enumerate(candidates):
+        if not cand.predicted:
+            continue
+        document = {"candidate": cand.name, "policy": simulated_policy(cand).value,
+                    "plan": plan_to_dict(cand.optimizer.plan),
+                    "profile": cand.optimizer.session.profile_document()}
+        path = os.path.join(directory, f"candidate{index}-end.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(document, handle)
 
 
 def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dict | None:
@@ -290,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predict", action="store_true", help="simulate each commsched "
                         "candidate from its own profile; report prediction errors and the floor")
     parser.add_argument("--predict-dir", default="", help="as --predict, and keep each "
-                        "candidate's profile in this directory (candidate<N>.json)")
+                        "candidate's profile in this directory (candidate<N>.json, when its "
+                        "profiling steps ended) and what its prediction was made from "
+                        "(candidate<N>-end.json: end-of-run profile, installed plan, policy)")
     args = parser.parse_args(argv)
     try:  # before any training: a bad path is one line now, not a traceback after the run
         for path, what in ((args.out, "--out"), (args.predict_dir, "--predict-dir")):
@@ -313,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     if predict and world.rank == 0:
         bound["auto"] = predictions(candidates, rows)
         floor_profile = add_floor(rows, bound, candidates)
+        if args.predict_dir:
+            keep_prediction_inputs(candidates, args.predict_dir)
     if world.rank == 0:
         command = typed_command("commsched.bench.compare", argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "

@@ -188,3 +188,27 @@ def test_predict_simulates_every_commsched_candidate_without_a_profile_folder(tm
     assert rows["local (no comm)"].get("predicted_ms") is None
     assert "--predict " in report["meta"]["command"]
     assert list(out.iterdir()) and not any(p.name.startswith("candidate") for p in out.iterdir())
+
+
+def test_predict_dir_keeps_what_each_prediction_was_made_from(tmp_path) -> None:
+    # World of one, in-process: candidate<N>-end.json holds the end-of-run profile, the
+    # installed plan and the simulated policy, and simulating them again gives the report's
+    # prediction, so a change to the fit or the simulator can be checked on a kept run.
+    import json
+
+    from commsched.bench import compare
+    from commsched.bench.validate import predict_ms
+    from commsched.config import Policy
+    from commsched.plan.serialize import plan_from_dict
+
+    out, kept = tmp_path / "out", tmp_path / "profiles"
+    assert compare.main(["--model", "mlp", "--candidates", "local (no comm),commsched:mgwfbp",
+                         "--warmup", "12", "--rounds", "1", "--steps", "3",
+                         "--predict-dir", str(kept), "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    predicted = {row["name"]: row["predicted_ms"] for row in report["rows"]}
+    assert sorted(p.name for p in kept.iterdir()) == ["candidate1-end.json", "candidate1.json"]
+    saved = json.loads((kept / "candidate1-end.json").read_text())
+    assert saved["candidate"] == "commsched:mgwfbp" and saved["policy"] == "mgwfbp"
+    again = predict_ms(saved["profile"], plan_from_dict(saved["plan"]), Policy(saved["policy"]))
+    assert again == pytest.approx(predicted["commsched:mgwfbp"], rel=1e-9)
