@@ -25,6 +25,7 @@ from torch import nn
 
 import commsched
 
+from ..compression import LossyCompression
 from ..config import Policy
 from ..outputs import OutputPathError, prepare_dir
 from ..torch_compat import ddp_kwargs
@@ -210,55 +211,69 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
     return rows
 
 
-def predictions(candidates: list[Candidate], rows: list[dict[str, Any]]) -> dict | None:
+@dataclass(frozen=True)
+class PredictionInput:
+    """What one commsched candidate's prediction is made from, read once on rank 0: the
+    profile as it stands at the end of the run (latest half of the profiler's window; the one
+    written when the profiling steps ended still holds warm-up iterations), the policy whose plan
+    it runs (`auto`'s choice for auto), and what a lossy compressor needs."""
+
+    index: int  # position in --candidates: the N of candidate<N>.json
+    cand: Candidate
+    policy: Policy
+    document: dict
+    lossy: LossyCompression | None
+    shapes: dict[str, tuple[int, ...]]
+
+
+def prediction_inputs(candidates: list[Candidate]) -> list[PredictionInput]:
+    out = []
+    for index, cand in enumerate(candidates):
+        if not cand.predicted:
+            continue
+        auto = getattr(cand.optimizer, "auto", None)
+        policy = auto.chosen.policy if auto is not None else Policy(parse_candidate(cand.name)[0])
+        out.append(PredictionInput(
+            index, cand, policy, cand.optimizer.session.profile_document(),
+            lossy_of(parse_candidate(cand.name)[1]),
+            {n: tuple(p.shape) for n, p in cand.model.named_parameters()}))
+    return out
+
+
+def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]]) -> dict | None:
     """Rank 0: the simulator's prediction per commsched candidate; `auto`'s pick checked against
-    the measured-fastest policy."""
+    the measured-fastest policy. `auto` is simulated like the others, with the policy it chose;
+    what it predicted when it chose is reported beside its pick."""
     from .validate import add_predictions, auto_verdict, predict_ms
 
     predicted, verdict = {}, None
-    for cand in candidates:
-        if not cand.predicted:
-            continue
-        # The profile as it stands at the end of the run (latest half of the profiler's window):
-        # the one written when the profiling steps ended still holds warm-up iterations. `auto`
-        # is simulated like the others, with the policy it chose; what it predicted when it
-        # chose is reported beside its pick.
-        policy = simulated_policy(cand)
-        auto = getattr(cand.optimizer, "auto", None)
+    for item in inputs:
+        auto = getattr(item.cand.optimizer, "auto", None)
         if auto is not None:
-            verdict = (cand.name, auto.summary())
-        lossy = lossy_of(parse_candidate(cand.name)[1])
-        shapes = {n: tuple(p.shape) for n, p in cand.model.named_parameters()}
-        predicted[cand.name] = predict_ms(cand.optimizer.session.profile_document(),
-                                          cand.optimizer.plan, policy, lossy, shapes)
+            verdict = (item.cand.name, auto.summary())
+        predicted[item.cand.name] = predict_ms(item.document, item.cand.optimizer.plan,
+                                               item.policy, item.lossy, item.shapes)
     add_predictions(rows, predicted)
     return auto_verdict(rows, *verdict) if verdict else None
 
 
-def simulated_policy(cand: Candidate) -> Policy:
-    """The policy whose plan the candidate runs: its own, or the one `auto` chose."""
-    auto = getattr(cand.optimizer, "auto", None)
-    return auto.chosen.policy if auto is not None else Policy(parse_candidate(cand.name)[0])
-
-
-def keep_prediction_inputs(candidates: list[Candidate], directory: str) -> None:
+def keep_prediction_inputs(inputs: list[PredictionInput], directory: str) -> None:
     """Rank 0, with --predict-dir: what each prediction was made from (the end-of-run profile,
-    the installed plan and the policy simulated) as candidate<N>-end.json, so that a change to
-    the fit or the simulator can be checked against a run without running it again."""
+    the installed plan, the policy simulated and the parameters' shapes) as
+    candidate<N>-end.json, so that a change to the fit or the simulator can be checked against a
+    run without running it again."""
     from ..plan.serialize import plan_to_dict
 
-    for index, cand in enumerate(candidates):
-        if not cand.predicted:
-            continue
-        document = {"candidate": cand.name, "policy": simulated_policy(cand).value,
-                    "plan": plan_to_dict(cand.optimizer.plan),
-                    "profile": cand.optimizer.session.profile_document()}
-        path = os.path.join(directory, f"candidate{index}-end.json")
+    for item in inputs:
+        document = {"candidate": item.cand.name, "policy": item.policy.value,
+                    "plan": plan_to_dict(item.cand.optimizer.plan), "profile": item.document,
+                    "shapes": item.shapes}
+        path = os.path.join(directory, f"candidate{item.index}-end.json")
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(document, handle)
 
 
-def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dict | None:
+def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> dict | None:
     """Rank 0: the floor of any cross-iteration schedule (sim/floor.py) from a profiled
     uncompressed commsched candidate, preferring one whose profile knows each tensor's first
     user (the overlap policies record it; without it every tensor counts as due at the next
@@ -269,18 +284,18 @@ def add_floor(rows: list[dict], bound: dict, candidates: list[Candidate]) -> dic
     from .validate import floor_summary
 
     # A compressed candidate's floor would assume its whole gradients on the wire.
-    profiled = [(c, c.optimizer.session.profile_document()) for c in candidates
-                if c.predicted and lossy_of(parse_candidate(c.name)[1]) is None]
+    profiled = [item for item in inputs if item.lossy is None]
     if not profiled:
         return None
-    with_modules = [(c, d) for c, d in profiled if profile_from_document(d).has_module_info]
-    source, document = (with_modules or profiled)[0]
-    summary = floor_summary(document, bound.get("min_comm_ms"))
+    with_modules = [item for item in profiled
+                    if profile_from_document(item.document).has_module_info]
+    source = (with_modules or profiled)[0]
+    summary = floor_summary(source.document, bound.get("min_comm_ms"))
     floor = max(summary["floor_ms"], bound.get("bound_ms") or 0.0)
-    bound.update(summary, floor_ms=floor, floor_from=source.name)
+    bound.update(summary, floor_ms=floor, floor_from=source.cand.name)
     for row in rows:
         row["vs_floor"] = row["median_ms"] / floor if floor else None
-    return document
+    return source.document
 
 
 def typed_command(module: str, argv: list[str] | None) -> str:
@@ -335,10 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     floor_profile = None
     if predict and world.rank == 0:
-        bound["auto"] = predictions(candidates, rows)
-        floor_profile = add_floor(rows, bound, candidates)
+        inputs = prediction_inputs(candidates)
+        bound["auto"] = predictions(inputs, rows)
+        floor_profile = add_floor(rows, bound, inputs)
         if args.predict_dir:
-            keep_prediction_inputs(candidates, args.predict_dir)
+            keep_prediction_inputs(inputs, args.predict_dir)
     if world.rank == 0:
         command = typed_command("commsched.bench.compare", argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "

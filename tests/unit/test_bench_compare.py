@@ -210,5 +210,7 @@ def test_predict_dir_keeps_what_each_prediction_was_made_from(tmp_path) -> None:
     assert sorted(p.name for p in kept.iterdir()) == ["candidate1-end.json", "candidate1.json"]
     saved = json.loads((kept / "candidate1-end.json").read_text())
     assert saved["candidate"] == "commsched:mgwfbp" and saved["policy"] == "mgwfbp"
-    again = predict_ms(saved["profile"], plan_from_dict(saved["plan"]), Policy(saved["policy"]))
+    shapes = {name: tuple(shape) for name, shape in saved["shapes"].items()}
+    again = predict_ms(saved["profile"], plan_from_dict(saved["plan"]), Policy(saved["policy"]),
+                       None, shapes)
     assert again == pytest.approx(predicted["commsched:mgwfbp"], rel=1e-9)
