@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 
 from commsched.plan import NetModel, TensorSpec
-from commsched.runtime.profiler import EventSpan, Profiler, fit_alpha_beta, profile_document
+from commsched.runtime.profiler import (
+    KEEP_COLLECTIVE_SAMPLES,
+    EventSpan,
+    Profiler,
+    fit_alpha_beta,
+    fit_collective,
+    profile_document,
+)
 
 
 def test_fit_recovers_alpha_beta() -> None:
@@ -25,15 +32,52 @@ def test_profile_is_median_ready_time_of_the_latest_half() -> None:
     prof.record([900, 50, -1], [])  # warm-up iterations: slow, dropped
     prof.record([1_000_300, 1_000_000, 1_000_100], [(0, 400, 0, 0, 10, 10)])
     prof.record([2_000_500, 2_000_000, 2_000_100], [(0, 800, 0, 0, 20, 20)])
-    prof.record([3_000_300, 3_000_000, 3_000_300], [])
+    prof.record([3_000_300, 3_000_000, 3_000_300], [(0, 400, 0, 0, 10, 10)])
     profile = prof.profile()
     assert profile.ready_times == pytest.approx((400e-6, 0.0, 200e-6))
     for seconds in (9.0, 5.0, 1.0, 1.2, 0.8):
         prof.note("before_first_ready_s", seconds)
     assert prof.compute()["before_first_ready_s"] == pytest.approx(1.0)  # median of 1.0, 1.2, 0.8
-    assert prof.collective_samples == [(400, 10e-6), (800, 20e-6)]
+    # Collectives too: the latest half of the iterations that recorded any.
+    assert prof.collective_samples == [(800, 20e-6), (400, 10e-6)]
     net = prof.net_model(alpha=5.0)
     assert net.alpha == 5.0 and net.beta == pytest.approx(2.5e-8)
+
+
+def test_collective_fit_is_least_squares_on_an_exact_line() -> None:
+    samples = [(n, 2e-4 + 3e-9 * n) for n in (1_000, 10_000, 100_000, 1_000_000)]
+    net = fit_collective(samples)
+    assert net.alpha == pytest.approx(2e-4, rel=1e-6)
+    assert net.beta == pytest.approx(3e-9, rel=1e-6)
+    one = fit_collective([(1000, 1e-3), (1000, 1e-3)], NetModel(alpha=1e-4, beta=1e-9))
+    assert one == fit_alpha_beta([(1000, 1e-3), (1000, 1e-3)], NetModel(alpha=1e-4, beta=1e-9))
+    assert fit_collective([]) == NetModel()
+
+
+def test_collective_fit_keeps_the_total_under_blocks_in_flight_together() -> None:
+    # Per iteration: small blocks of 1 ms alone, or 40 ms behind a late peer; two 8 MB blocks
+    # in flight together, 200 ms for both, of which the first to finish took 180 ms and the
+    # second the last 20 ms. Least squares makes bulk bytes cheaper than they were.
+    samples = [(4_000, 1e-3), (4_000, 40e-3), (8_000, 1e-3), (8_000, 40e-3),
+               (8_000_000, 180e-3), (8_000_000, 20e-3)] * 3
+    total_s = sum(t for _, t in samples)
+    least_squares, fitted = fit_alpha_beta(samples), fit_collective(samples)
+    assert fitted.alpha == pytest.approx(1e-3)
+    assert least_squares.alpha > 10e-3
+    predicted = sum(fitted.time(n) for n, _ in samples)
+    assert predicted == pytest.approx(total_s)
+    assert fitted.time(16_000_000) > least_squares.time(16_000_000)
+
+
+def test_collective_samples_keep_a_bounded_window() -> None:
+    prof = Profiler(num_tensors=1)
+    blocks = [(0, 1000, 0, 0, 10, 10)] * 100
+    for _ in range(2 * KEEP_COLLECTIVE_SAMPLES // 100):
+        prof.record([0], blocks)
+    kept = sum(len(s) for r in prof.collective_rounds for s in r.values())
+    assert kept <= KEEP_COLLECTIVE_SAMPLES and len(prof.collective_rounds) > 1
+    assert len(prof.collective_samples) == 100 * (len(prof.collective_rounds)
+                                                  - len(prof.collective_rounds) // 2)
 
 
 class _FakeEvent:
