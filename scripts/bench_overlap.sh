@@ -28,7 +28,7 @@ run cnn 64 "$CNN_RATE" 3 cnn-3ranks
   echo
   echo "Command: \`CNN_RATE=$CNN_RATE TRANSFORMER_RATE=$TRANSFORMER_RATE scripts/bench_overlap.sh\` (each model: one horovodrun job, candidates interleaved round by round; iteration time = time between the slowest rank's consecutive step completions; steady state: each round starts with one untimed step and ends with an untimed flush, so every timed step pays for exactly one earlier iteration's traffic)."
   echo
-  echo "vs floor: the candidate's median over the floor of any cross-iteration schedule that keeps synchronous semantics (commsched/sim/floor.py, from a commsched candidate's profile that records each tensor's first user, its network calibrated to the measured all-reduce of every gradient; never below the naive bound max(compute, one all-reduce of every gradient))."
+  echo "vs floor: the candidate's median over the floor of any cross-iteration schedule that keeps synchronous semantics (commsched/sim/floor.py, the lowest over the commsched candidates' profiles that record each tensor's first user, each profile's compute as measured under its own candidate's traffic and its network calibrated to the measured all-reduce of every gradient; never below the naive bound max(compute, one all-reduce of every gradient))."
   for m in cnn transformer cnn-3ranks; do echo; sed 's/^# /## /' "$OUT/$m/results.md"; echo; echo "![$m]($m/results.png)"; done
 } > "$OUT/README.md"
 echo "bench_overlap: wrote $OUT/README.md" >&2

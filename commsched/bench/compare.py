@@ -274,12 +274,18 @@ def keep_prediction_inputs(inputs: list[PredictionInput], directory: str) -> Non
 
 
 def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> dict | None:
-    """Rank 0: the floor of any cross-iteration schedule (sim/floor.py) from a profiled
-    uncompressed commsched candidate, preferring one whose profile knows each tensor's first
-    user (the overlap policies record it; without it every tensor counts as due at the next
-    backward, which hides what synchronous semantics cost), its network calibrated to the
-    measured all-reduce of every gradient; never below the measured naive bound (both are
-    lower bounds); and each row's distance to it. Returns the profile document it came from."""
+    """Rank 0: the floor of any cross-iteration schedule (sim/floor.py) from the profiled
+    uncompressed commsched candidates whose profiles know each tensor's first user (the
+    overlap policies record it; without it every tensor counts as due at the next backward,
+    which hides what synchronous semantics cost), or from all of them when none does, each
+    with its network calibrated to the measured all-reduce of every gradient; the lowest of
+    them, and never below the measured naive bound (both are lower bounds); and each row's
+    distance to it. Returns the profile document it came from.
+
+    The lowest, because each profile measured the compute under its own candidate's traffic:
+    on a machine whose ranks share few cores a candidate's communication threads slow its
+    forward and backward (the 2-rank CNN's bytescheduler profile gave a floor of 236.9 ms and
+    dear's own 221.2 ms, where dear measured 221.3 ms), and a floor must hold for all of them."""
     from ..sim import profile_from_document
     from .validate import floor_summary
 
@@ -289,8 +295,9 @@ def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> d
         return None
     with_modules = [item for item in profiled
                     if profile_from_document(item.document).has_module_info]
-    source = (with_modules or profiled)[0]
-    summary = floor_summary(source.document, bound.get("min_comm_ms"))
+    floors = [(floor_summary(item.document, bound.get("min_comm_ms")), item)
+              for item in with_modules or profiled]
+    summary, source = min(floors, key=lambda pair: pair[0]["floor_ms"])
     floor = max(summary["floor_ms"], bound.get("bound_ms") or 0.0)
     bound.update(summary, floor_ms=floor, floor_from=source.cand.name)
     for row in rows:

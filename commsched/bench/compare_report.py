@@ -53,9 +53,9 @@ def bound_lines(bound: dict) -> str:
         binding = bound["floor_binding"]
         shown = ", ".join(binding[:3]) + (f" and {len(binding) - 3} more" if len(binding) > 3
                                           else "")
-        text += (f"\nfloor of any cross-iteration schedule (from {bound['floor_from']}'s "
-                 f"profile): {ms(bound['floor_ms'])}; synchronous semantics add "
-                 f"{ms(bound['floor_gap_ms'])} to that profile's naive bound "
+        text += (f"\nfloor of any cross-iteration schedule (the lowest over the candidates' "
+                 f"profiles: {bound['floor_from']}'s): {ms(bound['floor_ms'])}; synchronous "
+                 f"semantics add {ms(bound['floor_gap_ms'])} to that profile's naive bound "
                  f"({ms(bound['floor_naive_ms'])}); its tightest window carries {shown}")
     return text
 

@@ -58,8 +58,46 @@ def test_floor_column_and_line() -> None:
     assert markdown_table(rows).splitlines()[2].endswith("| 2.000 | 2.000 |")
     bound = {"compute_ms": 84.0, "min_comm_ms": 42.0, "bound_ms": 84.0,
              "hvd_waiting_fraction": 0.5, "floor_from": "commsched:horovod", **summary}
-    assert "floor of any cross-iteration schedule (from commsched:horovod's profile): 102.0 ms" \
-        in bound_lines(bound)
+    assert ("floor of any cross-iteration schedule (the lowest over the candidates' profiles: "
+            "commsched:horovod's): 102.0 ms") in bound_lines(bound)
+
+
+def test_floor_is_the_lowest_over_the_candidates_profiles() -> None:
+    # Each profile measured compute under its own candidate's traffic; a floor must hold for
+    # every candidate, so the report takes the lowest (and never below the naive bound).
+    from commsched.bench.compare import Candidate, PredictionInput, add_floor
+    from commsched.config import Policy
+
+    def document(before_first_ready_s: float) -> dict:
+        return {"schema_version": 2, "world_size": 2,
+                "compute": {"before_first_ready_s": before_first_ready_s, "step_s": 0.004},
+                "collectives": {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}},
+                "tensors": [{"id": 0, "name": "t0", "numel": 250, "dtype": "float32",
+                             "forward_index": 0, "ready_time_s": 0.01, "module": "a"},
+                            {"id": 1, "name": "t1", "numel": 750, "dtype": "float32",
+                             "forward_index": 1, "ready_time_s": 0.0, "module": "b"}],
+                "modules": [{"name": "", "forward_order": 0, "forward_time_s": 0.0,
+                             "self_time_s": 0.0},
+                            {"name": "a", "forward_order": 1, "forward_time_s": 0.01,
+                             "self_time_s": 0.01},
+                            {"name": "b", "forward_order": 2, "forward_time_s": 0.05,
+                             "self_time_s": 0.05}]}
+
+    def item(index: int, name: str, doc: dict) -> PredictionInput:
+        return PredictionInput(index, Candidate(name, step=lambda _: None), Policy.BYTESCHEDULER,
+                               doc, None, {})
+
+    slow, quick = document(0.09), document(0.07)
+    inputs = [item(1, "commsched:bytescheduler", slow), item(2, "commsched:dear", quick)]
+    rows = [{"name": "commsched:dear", "median_ms": 120.0}]
+    bound: dict = {"min_comm_ms": None, "bound_ms": 84.0}
+    assert add_floor(rows, bound, inputs) is quick
+    assert bound["floor_from"] == "commsched:dear"
+    assert bound["floor_ms"] == pytest.approx(102.0)  # test_floor_column_and_line's profile
+    assert rows[0]["vs_floor"] == pytest.approx(120.0 / 102.0)
+    bound = {"min_comm_ms": None, "bound_ms": 150.0}
+    add_floor(rows, bound, inputs)
+    assert bound["floor_ms"] == 150.0  # never below the naive bound
 
 
 def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
