@@ -22,9 +22,12 @@ threshold r and closed by use threshold u, with S(r, u) = {i : ready_i >= r, use
     alpha + beta * bytes(S)  <=  (T + u) - (before_first_ready + r)
 
 so T >= before_first_ready + r - u + alpha + beta * bytes(S). At least one collective carries S,
-hence one alpha; splitting only adds more. The floor is the largest of these and of the compute
+hence one alpha; splitting only adds more. The floor is the largest of these, of the compute
 (forward, backward, and the update: the cheaper of the profiled step and one optimizer call
-over every byte). The transfer cost per window is the cheaper of an all-reduce and a
+over every byte), and of the channel's work per period, alpha + beta * bytes(all): every
+gradient crosses once per iteration whatever the deadlines (a profile whose module times add up
+to more than its before_first_ready, which timing noise allows, would otherwise leave even the
+widest window below it). The transfer cost per window is the cheaper of an all-reduce and a
 reduce-scatter plus all-gather (see cheapest_transfer), so DeAR's plans are bounded too. With
 r = 0 and u = the last use, it contains the naive bound's communication term; a tied
 embedding/output weight (ready last, used first) gives the window that adds its whole transfer
@@ -101,6 +104,9 @@ def schedule_floor(run: RunProfile, net: Network) -> ScheduleFloor:
         else [compute.before_first_ready_s] * len(ready)
     window, binding = _tightest_window(ready, uses, [t.nbytes for t in run.tensors],
                                        compute.before_first_ready_s, alpha, beta)
+    channel = alpha + beta * total if total else 0.0
+    if channel > window:
+        window, binding = channel, list(range(len(run.tensors)))
     names = tuple(run.tensors[i].name for i in binding)
     return ScheduleFloor(max(compute_s, window), compute_s, naive, window, names,
                          tuple(notes + compute.notes))

@@ -60,6 +60,24 @@ def test_without_modules_every_tensor_is_due_at_the_next_backward() -> None:
     assert any("no module information" in note for note in floor.notes)
 
 
+def test_the_channel_carries_every_gradient_once_per_period() -> None:
+    # Both first used by b, after 90 ms of forward in a: module times that add up to more than
+    # before_first_ready (70 ms), which timing noise allows. The widest window, r = 0 and
+    # u = 90 ms, gives 70 - 90 + 2 + 70 = 52 ms, yet the channel carries all 7000 B every
+    # iteration: 2 + 70 = 72 ms (below the 84 ms compute here; on a 4x slower link, 282 ms).
+    run = run_of([("t0", 1000, 0.010, "b"), ("t1", 6000, 0.0, "b")],
+                 [("", 0.0), ("a", 0.09), ("b", 0.05)], 0.07, 0.004)
+    floor = schedule_floor(run, NET)
+    assert floor.window_s == pytest.approx(0.002 + 7000 * 1e-5)
+    assert floor.floor_s == pytest.approx(0.084)
+    assert floor.naive_s == pytest.approx(0.084)
+    slow = LinkNetwork(2, 2.5e4, 1e-3)  # all-reduce(n) = 2 ms + n * 40 us
+    floor = schedule_floor(run, slow)
+    assert floor.floor_s == pytest.approx(0.002 + 7000 * 4e-5)
+    assert floor.floor_s == pytest.approx(floor.naive_s) and floor.gap_s >= 0
+    assert sorted(floor.binding) == ["t0", "t1"]
+
+
 def test_cheapest_transfer_is_the_all_reduce_on_a_ring() -> None:
     alpha, beta = cheapest_transfer(NET)
     assert alpha == pytest.approx(0.002)
