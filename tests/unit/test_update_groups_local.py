@@ -217,3 +217,21 @@ def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples
     else:
         assert grown[3] == 0
     opt.session.close()
+
+
+@pytest.mark.parametrize("policy", ["bytescheduler", "auto"])
+def test_profiling_steps_run_one_block_at_a_time(policy: str) -> None:
+    """Note [Profiling one block at a time]: the profiling plan's blocks are timed alone; the
+    policy's plan gets the configured credit (auto: the one it chose) once it is installed."""
+    from commsched.runtime.lifecycle import PROFILING_CREDIT
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2, credit_bytes=4 << 20)
+    lifecycle = opt.session.lifecycle
+    assert lifecycle.credit == PROFILING_CREDIT
+    _train(model, opt, 1)
+    assert lifecycle.credit == PROFILING_CREDIT and lifecycle.replan_at == 2
+    _train(model, opt, 2)
+    assert lifecycle.credit == 4 << 20
+    opt.session.close()
