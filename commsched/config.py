@@ -106,9 +106,10 @@ KNOBS: tuple[Knob, ...] = (
          maximum=1 << 40),
     Knob("first_bucket_bytes", Kind.BYTES, 1 * MiB, "`ddp` policy: capacity of the first bucket.",
          minimum=1, maximum=1 << 40),
-    Knob("profile_steps", Kind.COUNT, 5, "Steps run with one collective per tensor while the "
-         "profiler records ready times and collective timings; the policy's plan is built after "
-         "them (`ddp` rebuilds after its first step instead).", minimum=0, maximum=10_000),
+    Knob("profile_steps", Kind.COUNT, 5, "Steps run with one collective per tensor, one in "
+         "flight at a time, while the profiler records ready times and collective timings; the "
+         "policy's plan is built after them (`ddp` rebuilds after its first step instead).",
+         minimum=0, maximum=10_000),
     Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
          "fitted from the profiled collectives.", minimum=0, maximum=10),
     Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "
