@@ -231,11 +231,11 @@ def prediction_inputs(candidates: list[Candidate]) -> list[PredictionInput]:
     for index, cand in enumerate(candidates):
         if not cand.predicted:
             continue
+        named, knobs = parse_candidate(cand.name)
         auto = getattr(cand.optimizer, "auto", None)
-        policy = auto.chosen.policy if auto is not None else Policy(parse_candidate(cand.name)[0])
+        policy = auto.chosen.policy if auto is not None else Policy(named)
         out.append(PredictionInput(
-            index, cand, policy, cand.optimizer.session.profile_document(),
-            lossy_of(parse_candidate(cand.name)[1]),
+            index, cand, policy, cand.optimizer.session.profile_document(), lossy_of(knobs),
             {n: tuple(p.shape) for n, p in cand.model.named_parameters()}))
     return out
 

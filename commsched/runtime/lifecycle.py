@@ -93,29 +93,27 @@ class PlanLifecycle:
     def start(self, iteration: int = 0) -> None:
         """Installs the plan for the iterations from `iteration` on (0 at wrap time; an elastic
         job's re-formed world starts at its committed iteration and profiles its new size)."""
-        replan_after, first = self._first_plan()
+        replan_after, first, credit = self._first_plan()
         self.replan_at = None if replan_after is None else iteration + replan_after
         self.install(first)
-        # 'ddp' re-plans after one iteration of its static buckets: those are not profiling.
-        profiling = replan_after is not None and self._config.policy is not Policy.DDP
-        self.set_credit(PROFILING_CREDIT if profiling else self._config.credit_bytes)
+        self.set_credit(credit)
         if self.replan_at is None and self._runner is not None:
             self._runner.activate(first)
 
-    def _first_plan(self) -> tuple[int | None, Plan]:
+    def _first_plan(self) -> tuple[int | None, Plan, int]:
         """How many iterations the first plan runs before the policy's plan (None: for good),
-        and that plan."""
+        that plan, and its credit."""
         cfg = self._config
-        if cfg.policy is Policy.DDP:
-            return 1, self._policy_plan(Profile(), NetModel())
+        if cfg.policy is Policy.DDP:  # its static buckets for one iteration: not profiling
+            return 1, self._policy_plan(Profile(), NetModel()), cfg.credit_bytes
         if cfg.profile_steps > 0:
-            return cfg.profile_steps, self._profiling_plan(Profile())
+            return cfg.profile_steps, self._profiling_plan(Profile()), PROFILING_CREDIT
         if cfg.policy is Policy.AUTO:
             raise ValueError("commsched: policy 'auto' chooses from a profile: "
                              "COMMSCHED_PROFILE_STEPS (profile_steps) must be > 0")
         # Nothing profiled yet: the profiler's default cost model with the configured overrides.
         net = self._engine.profiler.net_model(cfg.alpha, cfg.beta)
-        return None, self._policy_plan(Profile(), net)
+        return None, self._policy_plan(Profile(), net), cfg.credit_bytes
 
     def _policy_plan(self, profile: Profile, net: NetModel) -> Plan:
         cfg = self._config

@@ -27,25 +27,29 @@ def test_parse_candidate() -> None:
     assert parse_candidate("commsched:mgwfbp") == ("mgwfbp", {})
 
 
+def two_tensor_document(before_first_ready_s: float = 0.07) -> dict:
+    """The two tensors of test_sim_floor, the network fitted as alpha 2 ms, beta 10 us/B."""
+    return {"schema_version": 2, "world_size": 2,
+            "compute": {"before_first_ready_s": before_first_ready_s, "step_s": 0.004},
+            "collectives": {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}},
+            "tensors": [{"id": 0, "name": "t0", "numel": 250, "dtype": "float32",
+                         "forward_index": 0, "ready_time_s": 0.01, "module": "a"},
+                        {"id": 1, "name": "t1", "numel": 750, "dtype": "float32",
+                         "forward_index": 1, "ready_time_s": 0.0, "module": "b"}],
+            "modules": [{"name": "", "forward_order": 0, "forward_time_s": 0.0,
+                         "self_time_s": 0.0},
+                        {"name": "a", "forward_order": 1, "forward_time_s": 0.01,
+                         "self_time_s": 0.01},
+                        {"name": "b", "forward_order": 2, "forward_time_s": 0.05,
+                         "self_time_s": 0.05}]}
+
+
 def test_floor_column_and_line() -> None:
     from commsched.bench.compare import bound_lines, markdown_table
     from commsched.bench.validate import floor_summary
     from commsched.sim import FittedNetwork
 
-    # The two tensors of test_sim_floor, the network fitted as alpha 2 ms, beta 10 us/B.
-    doc = {"schema_version": 2, "world_size": 2,
-           "compute": {"before_first_ready_s": 0.07, "step_s": 0.004},
-           "collectives": {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}},
-           "tensors": [{"id": 0, "name": "t0", "numel": 250, "dtype": "float32",
-                        "forward_index": 0, "ready_time_s": 0.01, "module": "a"},
-                       {"id": 1, "name": "t1", "numel": 750, "dtype": "float32",
-                        "forward_index": 1, "ready_time_s": 0.0, "module": "b"}],
-           "modules": [{"name": "", "forward_order": 0, "forward_time_s": 0.0,
-                        "self_time_s": 0.0},
-                       {"name": "a", "forward_order": 1, "forward_time_s": 0.01,
-                        "self_time_s": 0.01},
-                       {"name": "b", "forward_order": 2, "forward_time_s": 0.05,
-                        "self_time_s": 0.05}]}
+    doc = two_tensor_document()
     assert FittedNetwork.from_document(doc).allreduce_model().beta == pytest.approx(1e-5)
     summary = floor_summary(doc)
     assert summary["floor_ms"] == pytest.approx(102.0)
@@ -68,26 +72,11 @@ def test_floor_is_the_lowest_over_the_candidates_profiles() -> None:
     from commsched.bench.compare import Candidate, PredictionInput, add_floor
     from commsched.config import Policy
 
-    def document(before_first_ready_s: float) -> dict:
-        return {"schema_version": 2, "world_size": 2,
-                "compute": {"before_first_ready_s": before_first_ready_s, "step_s": 0.004},
-                "collectives": {"allreduce": {"alpha_s": 0.002, "beta_s_per_byte": 1e-5}},
-                "tensors": [{"id": 0, "name": "t0", "numel": 250, "dtype": "float32",
-                             "forward_index": 0, "ready_time_s": 0.01, "module": "a"},
-                            {"id": 1, "name": "t1", "numel": 750, "dtype": "float32",
-                             "forward_index": 1, "ready_time_s": 0.0, "module": "b"}],
-                "modules": [{"name": "", "forward_order": 0, "forward_time_s": 0.0,
-                             "self_time_s": 0.0},
-                            {"name": "a", "forward_order": 1, "forward_time_s": 0.01,
-                             "self_time_s": 0.01},
-                            {"name": "b", "forward_order": 2, "forward_time_s": 0.05,
-                             "self_time_s": 0.05}]}
-
     def item(index: int, name: str, doc: dict) -> PredictionInput:
         return PredictionInput(index, Candidate(name, step=lambda _: None), Policy.BYTESCHEDULER,
                                doc, None, {})
 
-    slow, quick = document(0.09), document(0.07)
+    slow, quick = two_tensor_document(0.09), two_tensor_document(0.07)
     inputs = [item(1, "commsched:bytescheduler", slow), item(2, "commsched:dear", quick)]
     rows = [{"name": "commsched:dear", "median_ms": 120.0}]
     bound: dict = {"min_comm_ms": None, "bound_ms": 84.0}
