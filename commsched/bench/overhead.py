@@ -123,6 +123,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def steps_per_round(plain: Candidate, work: Workload, device: torch.device, autocast: bool,
+                    round_s: float, least: int) -> int:
+    """Enough steps for a round to last about `round_s` on the plain optimizer, and at least
+    `least`: a median of ten 0.7 ms steps (the MLP) moves by several percent between rounds of
+    two identical candidates, which would hide a 10% target."""
+    for i in range(3):  # the first steps allocate the optimizer's state
+        _step(plain, work, i, autocast)
+    _sync(device)
+    started = time.perf_counter()
+    for i in range(least):
+        _step(plain, work, i, autocast)
+    _sync(device)
+    per_step = (time.perf_counter() - started) / least
+    return max(least, int(round_s / max(per_step, 1e-9)))
+
+
 def run(candidates: list[Candidate], work: Workload, device: torch.device, warmup: int,
         rounds: int, steps: int, autocast: bool) -> None:
     """Each round runs every candidate, in a shuffled order, for `steps` timed steps after one
@@ -191,14 +207,15 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Overhead in a world of one ({meta['device']})", "",
              f"Command: `{meta['command']}`", "",
-             f"torch {meta['torch']}, {meta['optimizer']}, {meta['rounds']} rounds x "
-             f"{meta['steps']} steps after {meta['warmup']} warm-up steps, "
+             f"torch {meta['torch']}, {meta['optimizer']}, {meta['rounds']} rounds of at least "
+             f"{meta['steps']} steps and {meta['round_ms']:g} ms of the plain optimizer (steps "
+             f"per round under each model) after {meta['warmup']} warm-up steps, "
              f"`torch.set_num_threads({meta['threads']})`; rounds interleaved, a new order "
              "every round; figure: each candidate's best per-round median; ratio "
              f"over the plain optimizer's. `{CONTROL}` is a second plain optimizer on its own "
              "copy of the model: its distance from 1.000 is the noise of the table.", ""]
     for result in results:
-        lines += [f"## {result['model']}", "",
+        lines += [f"## {result['model']}", "", f"{result['steps']} steps per round.", "",
                   "| candidate | best median ms | vs plain | plan installed | update groups |",
                   "|---|---:|---:|---|---:|"]
         for r in result["rows"]:
@@ -246,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     # Many short rounds: this kind of machine has slow phases lasting seconds, and each
     # candidate's best round must come from a quiet one.
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round, at least")
+    parser.add_argument("--round-ms", type=float, default=60.0,
+                        help="more steps per round where the plain optimizer's take less time")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     args = parser.parse_args(argv)
@@ -280,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         autocast = name == GPT2 and device.type == "cuda"
         candidates = make_candidates(work, args.optimizer,
                                      [p for p in args.policies.split(",") if p])
-        run(candidates, work, device, args.warmup, args.rounds, args.steps, autocast)
+        steps = steps_per_round(candidates[0], work, device, autocast, args.round_ms / 1e3,
+                                args.steps)
+        run(candidates, work, device, args.warmup, args.rounds, steps, autocast)
         rows = rows_of(candidates)
-        results.append({"model": name, "rows": rows,
+        results.append({"model": name, "steps": steps, "rows": rows,
                         "targets": targets(name, args.device, rows)})
         for cand in candidates:
             session = getattr(cand.optimizer, "session", None)
@@ -290,14 +311,16 @@ def main(argv: list[str] | None = None) -> int:
                 session.close()
         print(markdown(results[-1:], {"device": args.device, "command": "", "torch": "",
                                       "optimizer": args.optimizer, "rounds": args.rounds,
-                                      "steps": args.steps, "warmup": args.warmup,
+                                      "steps": args.steps, "round_ms": args.round_ms,
+                                      "warmup": args.warmup,
                                       "threads": args.threads}), flush=True)
     command = typed_command("commsched.bench.overhead", argv)
     meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
             "torch": torch.__version__ + (f", {torch.cuda.get_device_name(device)}"
                                           if device.type == "cuda" else ""),
             "optimizer": args.optimizer, "rounds": args.rounds,
-            "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+            "steps": args.steps, "round_ms": args.round_ms, "warmup": args.warmup,
+            "threads": args.threads,
             "args": vars(args)}
     if args.out:
         with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:

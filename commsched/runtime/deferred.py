@@ -37,8 +37,11 @@ class HyperParameterSnapshots:
         self.take()
 
     def take(self) -> None:
-        self.groups = [{k: v for k, v in g.items() if k != "params"}
-                       for g in self._optimizer().param_groups]
+        user_groups = self._optimizer().param_groups
+        if len(user_groups) == len(self.groups) \
+                and all(map(_holds_the_same, user_groups, self.groups)):
+            return  # taken at every step(): most steps change no hyper-parameter
+        self.groups = [{k: v for k, v in g.items() if k != "params"} for g in user_groups]
         for view in self._views:
             view.refresh(self.groups[view.index])
 
@@ -47,6 +50,18 @@ class HyperParameterSnapshots:
 
     def forget_views(self) -> None:
         self._views.clear()
+
+
+def _holds_the_same(user_group: dict[str, Any], snapshot: dict[str, Any]) -> bool:
+    """Whether the user's group holds the very objects of `snapshot` (identity, not equality: an
+    LR scheduler stores a new number, and a tensor hyper-parameter compares element-wise)."""
+    if len(user_group) != len(snapshot) + 1:
+        return False
+    get = user_group.get
+    return all(get(key, _MISSING) is value for key, value in snapshot.items())
+
+
+_MISSING = object()
 
 
 class ParamGroupView(dict):

@@ -106,8 +106,10 @@ class EngineHandle:
     def _arm_ready_events(self) -> None:
         """A world of one records device ready events only for the rounds the profiler samples
         (nothing else reads them; Note [A world of one] in csrc/engine.cpp)."""
-        self.sampling = (self.rounds + 1) % self._sample_every == 0
-        self._engine.set_local_ready_events(self.sampling)
+        sampling = (self.rounds + 1) % self._sample_every == 0
+        if sampling != self.sampling:  # the engine starts with them on, as `sampling` does
+            self.sampling = sampling
+            self._engine.set_local_ready_events(sampling)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
                 postscale: float) -> None:
@@ -165,15 +167,13 @@ class EngineHandle:
         started = _C.now_us()
         self._guarded(self._engine.wait_all, self.timeout_ms)
         self.rounds += 1
-        if self.timeline:
-            self.span("wait", started, what="all blocks")
-        if self.rounds % self._sample_every == 0:
+        if self.sampling:
             engine = self._engine
             self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops,
                                  engine.last_clocks())
-        if self._sample_every > 1:
-            self._arm_ready_events()
+        self._arm_ready_events()
         if self.timeline:
+            self.span("wait", started, what="all blocks")
             self.timeline.engine_events(self._engine.drain_events())
 
     def wait_block(self, position: int) -> None:

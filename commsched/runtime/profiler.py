@@ -111,6 +111,10 @@ def _keep_last(values: list, limit: int) -> None:
         del values[: len(values) - limit]
 
 
+def _round_size(round_: dict[str, list[tuple[int, float]]]) -> int:
+    return sum(len(samples) for samples in round_.values())
+
+
 def latest_half(values: list) -> list:
     return values[len(values) // 2:]
 
@@ -137,6 +141,7 @@ class Profiler:
     # (bytes, events) of optimizer calls timed on the device that it may not have reached yet;
     # read into update_samples once it has (Note [Which clock]).
     _pending_updates: list[tuple[int, EventSpan]] = field(default_factory=list)
+    _kept_samples: int = 0  # over collective_rounds
 
     @property
     def samples_by_op(self) -> dict[str, list[tuple[int, float]]]:
@@ -172,12 +177,13 @@ class Profiler:
             self._add_round(round_)
 
     def _add_round(self, round_: dict[str, list[tuple[int, float]]]) -> None:
+        # A running count: summing every kept round again cost more than the rest of record().
         rounds = self.collective_rounds
         rounds.append(round_)
-        _keep_last(rounds, KEEP_ITERATIONS)
-        kept = sum(len(samples) for r in rounds for samples in r.values())
-        while len(rounds) > 1 and kept > KEEP_COLLECTIVE_SAMPLES:
-            kept -= sum(len(samples) for samples in rounds.pop(0).values())
+        self._kept_samples += _round_size(round_)
+        while len(rounds) > 1 and (len(rounds) > KEEP_ITERATIONS
+                                   or self._kept_samples > KEEP_COLLECTIVE_SAMPLES):
+            self._kept_samples -= _round_size(rounds.pop(0))
 
     def note(self, kind: str, seconds: float) -> None:
         self.clocks["compute_s"] = CPU

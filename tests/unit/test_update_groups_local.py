@@ -235,3 +235,34 @@ def test_profiling_steps_run_one_block_at_a_time(policy: str) -> None:
     _train(model, opt, 2)
     assert lifecycle.credit == 4 << 20
     opt.session.close()
+
+
+@pytest.mark.parametrize("policy", ["bytescheduler", "dear"])
+def test_deferred_updates_follow_hyper_parameters_set_between_steps(policy: str) -> None:
+    """The snapshot taken at step() is re-taken only when a hyper-parameter object changed: a
+    schedule that holds the learning rate for a few steps, then moves it (and the weight decay),
+    must give the plain optimizer's parameters."""
+    model, twin = _model(), _model()
+
+    def make(params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=1e-2)
+
+    ours = commsched.DistributedOptimizer(make(model.parameters()), model=model, policy=policy,
+                                          named_parameters=model.named_parameters(),
+                                          profile_steps=2)
+    plain = make(twin.parameters())
+    for step in range(10):
+        for opt in (ours, plain):
+            if step % 3 == 0:  # held for three steps, then a new value
+                opt.param_groups[0]["lr"] = 1e-2 / (step + 1)
+            if step == 7:
+                opt.param_groups[0]["weight_decay"] = 0.5
+        for net, opt in ((model, ours), (twin, plain)):
+            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            net(x).square().sum().backward()
+            opt.step()
+    assert ours.session.defers_updates
+    ours.flush()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(a, b)
