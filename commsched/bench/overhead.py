@@ -283,6 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     default = ["mlp", "cnn", "transformer"] + ([GPT2] if args.device == "cuda" else [])
     models = [m.strip() for m in args.models.split(",") if m.strip()] or default
+    command = typed_command("commsched.bench.overhead", argv)
+    meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
+            "torch": torch.__version__ + (f", {torch.cuda.get_device_name(device)}"
+                                          if device.type == "cuda" else ""),
+            "optimizer": args.optimizer, "rounds": args.rounds,
+            "steps": args.steps, "round_ms": args.round_ms, "warmup": args.warmup,
+            "threads": args.threads,
+            "args": vars(args)}
     commsched.init()
     results = []
     for name in models:
@@ -309,19 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             session = getattr(cand.optimizer, "session", None)
             if session is not None:
                 session.close()
-        print(markdown(results[-1:], {"device": args.device, "command": "", "torch": "",
-                                      "optimizer": args.optimizer, "rounds": args.rounds,
-                                      "steps": args.steps, "round_ms": args.round_ms,
-                                      "warmup": args.warmup,
-                                      "threads": args.threads}), flush=True)
-    command = typed_command("commsched.bench.overhead", argv)
-    meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
-            "torch": torch.__version__ + (f", {torch.cuda.get_device_name(device)}"
-                                          if device.type == "cuda" else ""),
-            "optimizer": args.optimizer, "rounds": args.rounds,
-            "steps": args.steps, "round_ms": args.round_ms, "warmup": args.warmup,
-            "threads": args.threads,
-            "args": vars(args)}
+        print(markdown(results[-1:], meta), flush=True)
     if args.out:
         with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
             json.dump({"meta": meta, "results": results}, handle, indent=1)

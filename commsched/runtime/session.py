@@ -237,24 +237,18 @@ class Session(ElasticBinding, CompressedIntake):
             grad = param.grad
             if grad is None:
                 return
+            if grad.is_sparse:
+                session._densify(tensor_id, param)
             delay[tensor_id] = remaining - 1
             session._handed += 1
-            if remaining != 1:
-                if grad.is_sparse:
-                    session._densify(tensor_id, param)
-                return
-            session._marked += 1
-            if compressed is not None and compressed.on:
-                if grad.is_sparse:
-                    session._densify(tensor_id, param)
-                compressed.hand_over(index, dense_layout(param))
-            elif grad.is_sparse:
-                session._densify(tensor_id, param)
-                session._mark_ready(tensor_id, dense_layout(param))
-            elif grad.is_contiguous():  # the common case, without another Python call
-                session._mark_ready(tensor_id, grad)
-            else:
-                session._mark_ready(tensor_id, dense_layout(param))
+            if remaining == 1:
+                session._marked += 1
+                if compressed is not None and compressed.on:
+                    compressed.hand_over(index, dense_layout(param))
+                elif grad.is_sparse or not grad.is_contiguous():
+                    session._mark_ready(tensor_id, dense_layout(param))
+                else:  # the common case, without another Python call
+                    session._mark_ready(tensor_id, grad)
         return hook
 
     def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
