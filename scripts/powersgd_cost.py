@@ -1,8 +1,15 @@
-"""What PowerSGD's orthogonalisation costs per iteration on one CPU core: the Q factor of QR
-(commsched.compression.orthogonalise_) against Gram-Schmidt twice in torch ops (what
-commsched used before; kept here only as the comparison), over the P factors of a built-in
-model's compressed tensors (rank 4, the default min_ratio). Interleaved rounds, median per
-iteration. Not a benchmark of training: benchmarks/compression_speed is that.
+"""What PowerSGD's own compute costs per iteration on one CPU core, over a built-in model's
+compressed tensors (rank 4, the default min_ratio). Two tables:
+
+- orthogonalisation: the Q factor of QR (commsched.compression.orthogonalise_) against
+  Gram-Schmidt twice in torch ops (what commsched used before; kept here only as the
+  comparison);
+- the two products P = M Q and Q = M^T P with Q stored m x r row-major (DDP's PowerSGD hook's
+  layout, and commsched's before) against Q stored as r x m rows (Note [Q is kept transposed]
+  in commsched/runtime/compressed.py).
+
+Interleaved rounds, median per iteration. Not a benchmark of training:
+benchmarks/compression_speed is that.
 
     .venv/bin/python scripts/powersgd_cost.py [--models cnn transformer] [--rank 4]
 """
@@ -46,6 +53,26 @@ def factors(model_name: ModelName, rank: int) -> list[torch.Tensor]:
             for p in build(model_name).parameters() if lossy.compresses(p.shape)]
 
 
+def products_ms(ms: list[torch.Tensor], rank: int, transposed: bool) -> float:
+    """P = M Q, then Q = M^T P, for every matrix, into preallocated outputs."""
+    ps = [torch.empty(m.shape[0], rank) for m in ms]
+    if transposed:  # Q^T rows: P = M (Q^T)^T, Q^T = P^T M
+        qts = [torch.randn(rank, m.shape[1]) for m in ms]
+        started = time.perf_counter()
+        for _ in range(CALLS):
+            for m, p, qt in zip(ms, ps, qts, strict=True):
+                torch.matmul(m, qt.T, out=p)
+                torch.matmul(p.T, m, out=qt)
+    else:
+        qs = [torch.randn(m.shape[1], rank) for m in ms]
+        started = time.perf_counter()
+        for _ in range(CALLS):
+            for m, p, q in zip(ms, ps, qs, strict=True):
+                torch.matmul(m, q, out=p)
+                torch.matmul(m.T, p, out=q)
+    return (time.perf_counter() - started) / CALLS * 1e3
+
+
 def per_iteration_ms(method: Callable[[torch.Tensor], torch.Tensor],
                      ps: list[torch.Tensor]) -> float:
     copies = [[p.clone() for p in ps] for _ in range(CALLS)]
@@ -72,6 +99,21 @@ def main() -> None:
             times["qr"].append(per_iteration_ms(orthogonalise_, ps))
         gs, qr = statistics.median(times["gs"]), statistics.median(times["qr"])
         print(f"| {name} | {len(ps)} | {gs:.2f} | {qr:.2f} | {qr / gs:.3f} |")
+    print("\n| model | P = M Q and Q = M^T P, Q row-major ms/iter | Q stored transposed ms/iter "
+          "| ratio |")
+    print("|---|---:|---:|---:|")
+    for name in args.models:
+        gen = torch.Generator().manual_seed(0)
+        ms = [torch.randn(matrix_shape(p.shape), generator=gen)
+              for p in build(ModelName(name)).parameters()
+              if PowerSGD(rank=args.rank).compresses(p.shape)]
+        layouts: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(ROUNDS):
+            for transposed in (False, True):
+                layouts[transposed].append(products_ms(ms, args.rank, transposed))
+        row_major, transposed_ms = (statistics.median(layouts[k]) for k in (False, True))
+        print(f"| {name} | {row_major:.2f} | {transposed_ms:.2f} | "
+              f"{transposed_ms / row_major:.3f} |")
 
 
 if __name__ == "__main__":

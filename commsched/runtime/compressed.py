@@ -120,14 +120,24 @@ class CompressedGradients:
     # -- layouts -----------------------------------------------------------------------------
 
     def _powersgd_layout(self) -> WireLayout:
+        """Note [Q is kept transposed]
+        Q (m x r) and its wire tensor are stored as r x m rows: ``self.q`` holds transposed
+        views (m x r, column-major) and ``self.q_wire`` the r x m tensors the engine reduces.
+        P = M Q then reads Q column-major and Q^T = P^T M writes rows, the layouts a BLAS
+        library's kernels for a thin factor prefer: on one CPU core (MKL) the two products
+        cost 2.1 ms per iteration for the built-in Transformer's 18 compressed matrices
+        against 12.2 ms with Q row-major (M^T P into m x r, as DDP's PowerSGD hook does), and
+        2.0 against 15.4 ms for the CNN (scripts/powersgd_cost.py). The same products (to
+        rounding), the same wire size; the checkpoint keeps Q as an m x r matrix."""
         assert isinstance(self.lossy, PowerSGD)
         lossy = self.lossy
         self.q = [initial_q(matrix_shape(p.shape)[1], lossy.rank_for(p.shape), seed=i,
-                            dtype=p.dtype, device=p.device)
+                            dtype=p.dtype, device=p.device).T.contiguous().T
                   for i, p in enumerate(self.params)]
         self.p_wire = [torch.empty(matrix_shape(p.shape)[0], lossy.rank_for(p.shape),
                                    dtype=p.dtype, device=p.device) for p in self.params]
-        self.q_wire = [torch.empty_like(q) for q in self.q]
+        self.q_wire = [torch.empty(q.shape[1], q.shape[0], dtype=q.dtype, device=q.device)
+                       for q in self.q]
         factored = [Factored(self._specs[t], *matrix_shape(p.shape), lossy.rank_for(p.shape))
                     for t, p in zip(self.ids, self.params, strict=True)]
         layout = powersgd_wire(lossy.label, factored, self._next_id)
@@ -233,7 +243,8 @@ class CompressedGradients:
                     before_wait(waited)
                 self._engine.wait_block(waited)
             p_hat = orthogonalise_(self.p_wire[index])
-            torch.matmul(self.residuals[index].T, p_hat, out=self.q_wire[index])
+            # Q^T = P^T M (Note [Q is kept transposed])
+            torch.matmul(p_hat.T, self.residuals[index], out=self.q_wire[index])
             self._engine.mark_ready(self.q_ids[index], self.q_wire[index])
         self.busy_s += time.perf_counter() - started - (self._engine.waited_s - waited_before)
 
@@ -259,9 +270,9 @@ class CompressedGradients:
         if isinstance(self.lossy, PowerSGD):
             # P Q^T straight into the gradient (no temporary of the gradient's size).
             approx = out.view(self.residuals[index].shape)
-            torch.matmul(self.p_wire[index], self.q_wire[index].T, out=approx)
+            torch.matmul(self.p_wire[index], self.q_wire[index], out=approx)
             self.residuals[index] -= approx
-            warm_start_(self.q[index], self.q_wire[index])
+            warm_start_(self.q[index], self.q_wire[index].T)
         else:
             out.view(-1).copy_(self._combined(index, scale))
         _finite_(self.residuals[index])
@@ -291,7 +302,8 @@ class CompressedGradients:
     def state(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "label": self.lossy.label, "names": list(self.names),
                 "residuals": [e.clone() for e in self.residuals],
-                "q": [q.clone() for q in getattr(self, "q", [])]}
+                "q": [q.clone(memory_format=torch.contiguous_format)
+                      for q in getattr(self, "q", [])]}
 
     def check_state(self, saved: dict[str, Any]) -> None:
         if saved.get("version") != STATE_VERSION or saved.get("label") != self.lossy.label \
