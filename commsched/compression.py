@@ -237,8 +237,44 @@ def warm_start_(q: torch.Tensor, new_q: torch.Tensor) -> torch.Tensor:
 def topk_select(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, int32 indices ascending) of the k entries of flat `m` largest in magnitude."""
     flat = m.reshape(-1)
-    indices = torch.topk(flat.abs(), k, sorted=False).indices.sort().values
+    magnitude = flat.abs()
+    indices = _topk_among_candidates(magnitude, k) if flat.device.type == "cpu" else None
+    if indices is None:
+        indices = torch.topk(magnitude, k, sorted=False).indices
+    indices = indices.sort().values
     return flat[indices], indices.to(torch.int32)
+
+
+# Note [Top-k from a sampled threshold]
+# torch.topk over a whole gradient costs on one CPU core 31 ms per iteration for the built-in
+# Transformer's compressed tensors at 1% (42 ms for the CNN), more than every other step of
+# the compressor together. The k largest are found instead among the entries at or above a
+# threshold: the value that 2k/n of an evenly strided sample reaches, so that about 2k entries
+# pass. When at least k pass, the k largest of all are among them (the k-th largest is then
+# at or above the threshold) and torch.topk over the candidates gives them exactly; when
+# fewer pass (a sample that missed where the large entries are), the whole tensor is searched
+# as before. The same entries either way, up to which of equal magnitudes fill the last places
+# (torch.topk leaves that open too). NaN passes every threshold, as torch.topk ranks it
+# largest. CPU only: on a device, the candidates' count would cost a synchronisation with the
+# host, and the device's topk is fast.
+_SAMPLE_STRIDE = 97  # prime: a sample that steps across rows of any common width
+_SAMPLED_FROM = 1 << 16  # below this, one torch.topk is cheap
+
+
+def _topk_among_candidates(magnitude: torch.Tensor, k: int) -> torch.Tensor | None:
+    n = magnitude.numel()
+    if n < _SAMPLED_FROM or 4 * k > n:
+        return None
+    sample = magnitude[::_SAMPLE_STRIDE]
+    wanted = min(sample.numel(), math.ceil(2 * k * sample.numel() / n))
+    threshold = float(torch.topk(sample, wanted, sorted=False).values.min())
+    # not below the threshold (NaN included); above it when it is 0, which most entries of a
+    # gradient with untouched rows (an embedding's) reach
+    passing = magnitude <= threshold if threshold == 0.0 else magnitude < threshold
+    candidates = passing.logical_not_().nonzero().squeeze(1)
+    if candidates.numel() < k:
+        return None
+    return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
 
 
 def topk_combine(numel: int, values: torch.Tensor, indices: torch.Tensor, scale: float,
