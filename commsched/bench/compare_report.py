@@ -63,11 +63,15 @@ def bound_lines(bound: dict) -> str:
 def auto_line(verdict: dict | None) -> str:
     if not verdict:
         return ""
-    predicted = verdict["auto_predicted_ms"]
+    predicted, ratio = verdict["auto_predicted_ms"], verdict.get("auto_vs_fastest")
+    against = "" if ratio is None else (
+        f"; auto measured {verdict['auto_median_ms']:.1f} ms, {ratio:.3f}x the fastest other "
+        f"commsched candidate ({verdict['measured_fastest_ms']:.1f} ms): within 2%: "
+        f"{'yes' if verdict['auto_within_tolerance'] else 'no'}")
     return (f"\n`auto` picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
             f"{'-' if predicted is None else f'{predicted:.1f} ms'}); measured fastest commsched "
             f"candidate: {verdict['measured_fastest']}; picked the fastest policy: "
-            f"{'yes' if verdict['picked_fastest'] else 'no'}\n")
+            f"{'yes' if verdict['picked_fastest'] else 'no'}{against}\n")
 
 
 def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:

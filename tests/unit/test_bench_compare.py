@@ -111,6 +111,30 @@ def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
     assert "Median error 4.0%, worst 10.0%." in text
 
 
+def test_auto_verdict_weighs_autos_own_median_against_the_fastest() -> None:
+    """auto may pick the fastest policy and run slower (other knobs), or another policy and
+    run as fast: both the pick and the ratio of medians are reported."""
+    from commsched.bench.compare_report import auto_line
+    from commsched.bench.validate import auto_verdict
+
+    rows = [{"name": "hvd", "median_ms": 50.0},
+            {"name": "commsched:dear?fusion_threshold=4MiB", "median_ms": 100.0},
+            {"name": "commsched:bytescheduler", "median_ms": 110.0},
+            {"name": "commsched:auto", "median_ms": 101.5}]
+    summary = {"policy": "bytescheduler", "knobs": {"partition_bytes": 1}, "predicted_s": 0.1}
+    verdict = auto_verdict(rows, "commsched:auto", summary)
+    assert verdict["measured_fastest"] == "commsched:dear?fusion_threshold=4MiB"
+    assert not verdict["picked_fastest"]
+    assert verdict["auto_vs_fastest"] == pytest.approx(1.015)
+    assert verdict["auto_within_tolerance"]
+    assert "1.015x the fastest other commsched candidate (100.0 ms): within 2%: yes" in \
+        auto_line(verdict)
+    rows[-1]["median_ms"] = 103.0
+    verdict = auto_verdict(rows, "commsched:auto", summary)
+    assert not verdict["auto_within_tolerance"]
+    assert "within 2%: no" in auto_line(verdict)
+
+
 # -- compression candidates (commsched.bench.compression_speed) ----------------------------------
 
 def test_ddp_powersgd_candidate_parsing() -> None:
