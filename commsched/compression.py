@@ -252,8 +252,9 @@ def topk_select(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 # threshold: the value that 2k/n of an evenly strided sample reaches, so that about 2k entries
 # pass. When at least k pass, the k largest of all are among them (the k-th largest is then
 # at or above the threshold) and torch.topk over the candidates gives them exactly; when
-# fewer pass (a sample that missed where the large entries are), the whole tensor is searched
-# as before. The same entries either way, up to which of equal magnitudes fill the last places
+# fewer pass (a sample that missed where the large entries are), or the sample holds NaN or
+# inf (an overflowing step, which no threshold would cut), the whole tensor is searched as
+# before. The same entries either way, up to which of equal magnitudes fill the last places
 # (torch.topk leaves that open too). NaN passes every threshold, as torch.topk ranks it
 # largest. CPU only: on a device, the candidates' count would cost a synchronisation with the
 # host, and the device's topk is fast.
@@ -268,6 +269,8 @@ def _topk_among_candidates(magnitude: torch.Tensor, k: int) -> torch.Tensor | No
     sample = magnitude[::_SAMPLE_STRIDE]
     wanted = min(sample.numel(), math.ceil(2 * k * sample.numel() / n))
     threshold = float(torch.topk(sample, wanted, sorted=False).values.min())
+    if not math.isfinite(threshold):  # NaN or inf sampled (an overflowing step): no cut
+        return None
     # not below the threshold (NaN included); above it when it is 0, which most entries of a
     # gradient with untouched rows (an embedding's) reach
     passing = magnitude <= threshold if threshold == 0.0 else magnitude < threshold

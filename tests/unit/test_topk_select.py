@@ -57,6 +57,23 @@ def test_topk_select_matches_a_full_sort(make, k: int, sampled: bool) -> None:
     _check(m, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_topk_select_in_other_dtypes(dtype: torch.dtype) -> None:
+    m = _noise().to(dtype)
+    assert _topk_among_candidates(m.abs(), 900) is not None
+    _check(m, 900)
+
+
+def test_fewer_than_k_above_a_positive_threshold_searches_everything() -> None:
+    """Every sampled entry large, the rest small noise: the threshold is the sampled value,
+    which only the sampled entries (928) reach: enough for k = 500, too few for k = 1500."""
+    m = _noise() * 1e-3
+    m[::97] = 5.0
+    assert _topk_among_candidates(m.abs(), 500) is not None
+    assert _topk_among_candidates(m.abs(), 1500) is None
+    _check(m, 1500)
+
+
 def test_nan_is_selected_as_torch_topk_ranks_it() -> None:
     m = _noise()
     m[12345] = float("nan")
@@ -64,3 +81,7 @@ def test_nan_is_selected_as_torch_topk_ranks_it() -> None:
     _values, indices = topk_select(m.view(300, 300), 900)
     picked = set(indices.tolist())
     assert {12345, 777} <= picked
+    m[97 * 5] = float("nan")  # sampled: no threshold, the whole tensor is searched
+    assert _topk_among_candidates(m.abs(), 900) is None
+    _values, indices = topk_select(m.view(300, 300), 900)
+    assert {12345, 777, 97 * 5} <= set(indices.tolist())
