@@ -240,21 +240,21 @@ def prediction_inputs(candidates: list[Candidate]) -> list[PredictionInput]:
     return out
 
 
-def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]]) -> dict | None:
-    """Rank 0: the simulator's prediction per commsched candidate; `auto`'s pick checked against
-    the measured-fastest policy. `auto` is simulated like the others, with the policy it chose;
-    what it predicted when it chose is reported beside its pick."""
+def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]]) -> list[dict]:
+    """Rank 0: the simulator's prediction per commsched candidate; each `auto` candidate's pick
+    checked against the measured-fastest policy. `auto` is simulated like the others, with the
+    policy it chose; what it predicted when it chose is reported beside its pick."""
     from .validate import add_predictions, auto_verdict, predict_ms
 
-    predicted, verdict = {}, None
+    predicted, autos = {}, []
     for item in inputs:
         auto = getattr(item.cand.optimizer, "auto", None)
         if auto is not None:
-            verdict = (item.cand.name, auto.summary())
+            autos.append((item.cand.name, auto.summary()))
         predicted[item.cand.name] = predict_ms(item.document, item.cand.optimizer.plan,
                                                item.policy, item.lossy, item.shapes)
     add_predictions(rows, predicted)
-    return auto_verdict(rows, *verdict) if verdict else None
+    return [auto_verdict(rows, label, summary) for label, summary in autos]
 
 
 def keep_prediction_inputs(inputs: list[PredictionInput], directory: str) -> None:
@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))
         print("\n" + bound_lines(bound), flush=True)
-        if bound.get("auto"):
-            print(f"auto: {bound['auto']}", flush=True)
+        for verdict in bound.get("auto") or []:
+            print(f"auto: {verdict}", flush=True)
         if args.out:
             meta = {"model": args.model.value, "world_size": world.size, "command": command,
                     "network": args.link_note, "args": vars(args) | {"model": args.model.value}}

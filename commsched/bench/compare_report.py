@@ -60,15 +60,20 @@ def bound_lines(bound: dict) -> str:
     return text
 
 
-def auto_line(verdict: dict | None) -> str:
-    if not verdict:
-        return ""
+def auto_line(found: dict | list[dict] | None) -> str:
+    """One line per `auto` candidate's verdict (commsched.bench.validate.auto_verdict)."""
+    verdicts = [found] if isinstance(found, dict) else list(found or [])
+    return "".join(_verdict_line(verdict) for verdict in verdicts)
+
+
+def _verdict_line(verdict: dict) -> str:
     predicted, ratio = verdict["auto_predicted_ms"], verdict.get("auto_vs_fastest")
     against = "" if ratio is None else (
         f"; auto measured {verdict['auto_median_ms']:.1f} ms, {ratio:.3f}x the fastest other "
         f"commsched candidate ({verdict['measured_fastest_ms']:.1f} ms): within 2%: "
         f"{'yes' if verdict['auto_within_tolerance'] else 'no'}")
-    return (f"\n`auto` picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
+    who = f"`{verdict['auto']}`" if "?" in verdict.get("auto", "") else "`auto`"
+    return (f"\n{who} picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
             f"{'-' if predicted is None else f'{predicted:.1f} ms'}); measured fastest commsched "
             f"candidate: {verdict['measured_fastest']}; picked the fastest policy: "
             f"{'yes' if verdict['picked_fastest'] else 'no'}{against}\n")

@@ -135,6 +135,29 @@ def test_auto_verdict_weighs_autos_own_median_against_the_fastest() -> None:
     assert "within 2%: no" in auto_line(verdict)
 
 
+def test_each_compressed_auto_is_weighed_against_its_own_compressor() -> None:
+    """auto never changes the compressor it was given: auto with top-k is compared with the
+    top-k candidates only, and each auto of a job gets its own line."""
+    from commsched.bench.compare_report import auto_line
+    from commsched.bench.validate import auto_verdict
+
+    psgd, topk = "compression=powersgd&powersgd_rank=4", "compression=topk&topk_ratio=0.01"
+    rows = [{"name": f"commsched:ddp?{psgd}", "median_ms": 130.0},
+            {"name": f"commsched:dear?{psgd}", "median_ms": 150.0},
+            {"name": f"commsched:ddp?{topk}", "median_ms": 145.0},
+            {"name": f"commsched:bytescheduler?{topk}", "median_ms": 160.0},
+            {"name": f"commsched:auto?{psgd}", "median_ms": 152.0},
+            {"name": f"commsched:auto?{topk}", "median_ms": 146.0}]
+    summary = {"policy": "ddp", "knobs": {}, "predicted_s": 0.14}
+    verdicts = [auto_verdict(rows, f"commsched:auto?{c}", summary) for c in (psgd, topk)]
+    assert [v["measured_fastest"] for v in verdicts] == [f"commsched:ddp?{psgd}",
+                                                         f"commsched:ddp?{topk}"]
+    assert [v["auto_within_tolerance"] for v in verdicts] == [False, True]
+    text = auto_line(verdicts)
+    assert text.count("picked ddp") == 2
+    assert f"`commsched:auto?{topk}` picked" in text
+
+
 # -- compression candidates (commsched.bench.compression_speed) ----------------------------------
 
 def test_ddp_powersgd_candidate_parsing() -> None:
