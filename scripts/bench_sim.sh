@@ -5,7 +5,9 @@
 # run and set beside the measured median. 3 rounds of 8 steps: with 2, the 2 Gbit/s CNN's
 # overlap candidates measured 11-18% above their predictions in one run, and bytescheduler 10%
 # below its own in the next. Writes benchmarks/sim_validation/<model>-<rate>/results.* and
-# README.md.
+# README.md. REPORT_ONLY=1 rebuilds README.md from the results already there (after
+# scripts/bench_compression_speed.sh re-ran, whose runs its last section validates), running
+# nothing.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -16,18 +18,19 @@ CANDIDATES="local (no comm),hvd,commsched:horovod,commsched:ddp,commsched:mgwfbp
 trap 'scripts/netem.sh down' EXIT
 results=()
 for rate in $RATES; do
-  scripts/netem.sh up "$rate"
+  [ "${REPORT_ONLY:-0}" = 1 ] || scripts/netem.sh up "$rate"
   specs=("cnn 64 2" "transformer 8 2")
   [ "$rate" = "$THREE_RANKS_RATE" ] && specs+=("cnn 64 3")
   for spec in "${specs[@]}"; do
     set -- $spec
     dir="$OUT/$1-$rate"
     [ "$3" = 2 ] || dir="$dir-$3ranks"
+    results+=("$dir/results.json")
+    [ "${REPORT_ONLY:-0}" = 1 ] && continue
     scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
       --model "$1" --batch-size "$2" --rounds "${ROUNDS:-3}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
       --predict --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | rank0_stdout
-    results+=("$dir/results.json")
   done
 done
 {
