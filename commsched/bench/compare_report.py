@@ -60,10 +60,15 @@ def bound_lines(bound: dict) -> str:
     return text
 
 
+def verdicts_of(found: dict | list[dict] | None) -> list[dict]:
+    """A report's `auto` verdicts (commsched.bench.validate.auto_verdict): one per `auto`
+    candidate; a report written before there could be several holds one, as a dict."""
+    return [found] if isinstance(found, dict) else list(found or [])
+
+
 def auto_line(found: dict | list[dict] | None) -> str:
-    """One line per `auto` candidate's verdict (commsched.bench.validate.auto_verdict)."""
-    verdicts = [found] if isinstance(found, dict) else list(found or [])
-    return "".join(_verdict_line(verdict) for verdict in verdicts)
+    """One line per `auto` candidate's verdict."""
+    return "".join(_verdict_line(verdict) for verdict in verdicts_of(found))
 
 
 def _verdict_line(verdict: dict) -> str:

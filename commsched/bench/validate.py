@@ -14,6 +14,7 @@ from ..plan import Collective, NetModel, Plan
 from ..sim import FittedNetwork, Mode, profile_from_document, simulate
 from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
+from .compare_report import verdicts_of
 
 
 def predict_ms(document: dict, plan: Plan, policy: Policy,
@@ -75,19 +76,18 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
     it does (it never changes the compressor it was given): whether it picked the policy of the
     fastest one, and its own median against that one's (knobs included: `auto` may pick the
     fastest policy with other knobs, or another policy and still run as fast)."""
+    from .compare import parse_candidate
     from .compression_speed import COMPRESSION_KNOBS
 
-    def compressing(label: str) -> dict[str, str]:
-        query = label.partition("?")[2]
-        knobs = dict(item.split("=", 1) for item in query.split("&") if item)
-        return {k: v for k, v in knobs.items() if k in COMPRESSION_KNOBS}
+    def compressing(label: str) -> dict[str, Any]:
+        return {k: v for k, v in parse_candidate(label)[1].items() if k in COMPRESSION_KNOBS}
 
     mine = compressing(auto_label)
     measured = {r["name"]: r["median_ms"] for r in rows
-                if r["name"].startswith("commsched:") and r["name"] != auto_label
-                and not r["name"].startswith("commsched:auto") and compressing(r["name"]) == mine}
+                if r["name"].startswith("commsched:") and parse_candidate(r["name"])[0] != "auto"
+                and compressing(r["name"]) == mine}
     fastest = min(measured, key=lambda name: measured[name]) if measured else None
-    fastest_policy = fastest.removeprefix("commsched:").partition("?")[0] if fastest else None
+    fastest_policy = parse_candidate(fastest)[0] if fastest else None
     own = next((r["median_ms"] for r in rows if r["name"] == auto_label), None)
     ratio = own / measured[fastest] if own is not None and fastest is not None else None
     return {"auto": auto_label,
@@ -99,15 +99,6 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
             "picked_fastest": fastest_policy == auto_summary.get("policy"),
             "auto_median_ms": own, "auto_vs_fastest": ratio,
             "auto_within_tolerance": ratio is not None and ratio <= 1 + AUTO_TOLERANCE}
-
-
-def verdicts_of(bound: dict) -> list[dict]:
-    """The verdicts a report holds: one per `auto` candidate (a report written before there
-    could be several holds one, as a dict)."""
-    found = bound.get("auto")
-    if not found:
-        return []
-    return [found] if isinstance(found, dict) else list(found)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -136,7 +127,7 @@ def summary_markdown(result_files: list[str]) -> str:
                          f"| {meta.get('network', '')} | {row['name']} "
                          f"| {row['median_ms']:.1f} | {row['predicted_ms']:.1f} "
                          f"| {100 * row['prediction_error']:.0f}% | {'yes' if ok else 'no'} |")
-        for verdict in verdicts_of(doc["bound"]):
+        for verdict in verdicts_of(doc["bound"].get("auto")):
             picks, hits = picks + 1, hits + bool(verdict["picked_fastest"])
             close += bool(verdict.get("auto_within_tolerance"))
     spread = (f" Median error {100 * statistics.median(errors):.1f}%, worst "
