@@ -35,6 +35,7 @@ from .compression_speed import (
     candidate_bytes,
     ddp_powersgd_kwargs,
     lossy_of,
+    parse_candidate,
     parse_ddp_powersgd,
     register_ddp_powersgd,
     split_compression,
@@ -68,13 +69,6 @@ def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batc
         loss_fn(name, model(x), y).backward()
         opt.step()
     return step
-
-
-def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
-    """'commsched:prophet?partition_bytes=1MiB&credit_bytes=2MiB' -> ('prophet', {...})."""
-    policy, _, query = label.removeprefix("commsched:").partition("?")
-    knobs: dict[str, Any] = dict(item.split("=", 1) for item in query.split("&") if item)
-    return policy, knobs
 
 
 def make_candidates(name: ModelName, wanted: list[str], batch_size: int,

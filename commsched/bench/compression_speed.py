@@ -1,5 +1,5 @@
-"""Compression candidates for ``commsched.bench.compare`` (issue 15, item 6), and the bytes each
-sends per iteration.
+"""Compression candidates for ``commsched.bench.compare`` (issue 15, item 6), the bytes each
+sends per iteration, and the parser of a commsched candidate's label (`parse_candidate`).
 
 Candidates (beside compare's own):
     hvd-fp16                     hvd.DistributedOptimizer with hvd.Compression.fp16
@@ -41,6 +41,13 @@ HVD_FP16 = "hvd-fp16"
 DDP_POWERSGD = "torch-ddp-powersgd"
 COMPRESSION_KNOBS = ("compression", "powersgd_rank", "powersgd_start_step", "powersgd_min_ratio",
                      "topk_ratio")
+
+
+def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
+    """'commsched:prophet?partition_bytes=1MiB&credit_bytes=2MiB' -> ('prophet', {...})."""
+    policy, _, query = label.removeprefix("commsched:").partition("?")
+    knobs: dict[str, Any] = dict(item.split("=", 1) for item in query.split("&") if item)
+    return policy, knobs
 
 
 @dataclass(frozen=True)

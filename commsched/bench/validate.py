@@ -76,8 +76,7 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
     it does (it never changes the compressor it was given): whether it picked the policy of the
     fastest one, and its own median against that one's (knobs included: `auto` may pick the
     fastest policy with other knobs, or another policy and still run as fast)."""
-    from .compare import parse_candidate
-    from .compression_speed import COMPRESSION_KNOBS
+    from .compression_speed import COMPRESSION_KNOBS, parse_candidate
 
     def compressing(label: str) -> dict[str, Any]:
         return {k: v for k, v in parse_candidate(label)[1].items() if k in COMPRESSION_KNOBS}
