@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Overhead benchmark: a world of one (no communication), every policy and `auto` beside the plain
-# optimizer on the built-in MLP, CNN and Transformer, rounds interleaved, ratios of best medians.
+# optimizer on the built-in MLP, CNN and Transformer, rounds interleaved, ratios of best medians,
+# glibc's malloc keeping freed memory (commsched/bench/allocator.py says why).
 # On a machine with a GPU (torch.cuda available) it runs again on the GPU, with GPT-2 124M when
 # `transformers` is importable. Writes benchmarks/overhead/<device>/{README.md,results.json,results.png}.
 set -euo pipefail

@@ -26,6 +26,7 @@ from torch import nn
 import commsched
 
 from ..outputs import OutputPathError, prepare_dir
+from .allocator import keep_freed_memory, page_faults
 from .compare import typed_command
 from .models import ModelName, batch, build, loss_fn
 
@@ -52,6 +53,7 @@ class Candidate:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     medians: list[float] = field(default_factory=list)  # seconds, one per round
+    faults: list[float] = field(default_factory=list)  # minor page faults per step, per round
 
 
 def builtin(name: ModelName, device: torch.device, batch_size: int) -> Workload:
@@ -157,12 +159,14 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
         for cand in order.sample(candidates, len(candidates)):
             _step(cand, work, counter, autocast)
             _sync(device)
+            faults = page_faults()
             ends = [time.perf_counter()]
             for _ in range(steps):
                 counter += 1
                 _step(cand, work, counter, autocast)
                 _sync(device)
                 ends.append(time.perf_counter())
+            cand.faults.append((page_faults() - faults) / steps)
             getattr(cand.optimizer, "flush", lambda: None)()
             cand.medians.append(statistics.median(b - a for a, b in zip(ends, ends[1:],
                                                                          strict=False)))
@@ -179,6 +183,7 @@ def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
         rows.append({"candidate": cand.name, "best_median_ms": 1e3 * best,
                      "round_medians_ms": [1e3 * m for m in cand.medians],
                      "vs_plain": best / plain,
+                     "page_faults_per_step": statistics.median(cand.faults),
                      "plan": plan.policy if plan is not None else None,
                      "update_groups": len(plan.update_groups) if plan is not None else None,
                      "auto_chose": auto.summary()["policy"] if auto is not None else None})
@@ -213,18 +218,24 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              f"`torch.set_num_threads({meta['threads']})`; rounds interleaved, a new order "
              "every round; figure: each candidate's best per-round median; ratio "
              f"over the plain optimizer's. `{CONTROL}` is a second plain optimizer on its own "
-             "copy of the model: its distance from 1.000 is the noise of the table.", ""]
+             "copy of the model: its distance from 1.000 is the noise of the table.", "",
+             f"Allocator: {meta.get('allocator', 'not recorded')}; all candidates share one "
+             "process, and so one heap (Note [Page faults are the heap's, not the candidate's] "
+             "in commsched/bench/allocator.py). Page faults per step: the median over rounds.",
+             ""]
     for result in results:
         lines += [f"## {result['model']}", "", f"{result['steps']} steps per round.", "",
-                  "| candidate | best median ms | vs plain | plan installed | update groups |",
-                  "|---|---:|---:|---|---:|"]
+                  "| candidate | best median ms | vs plain | plan installed | update groups "
+                  "| page faults per step |",
+                  "|---|---:|---:|---|---:|---:|"]
         for r in result["rows"]:
             plan = r["plan"] or "-"
             if r["auto_chose"]:
                 plan = f"{plan} (auto chose {r['auto_chose']})"
             groups = "-" if r["update_groups"] in (None, 0) else str(r["update_groups"])
             lines.append(f"| {r['candidate']} | {r['best_median_ms']:.2f} | "
-                         f"{r['vs_plain']:.3f} | {plan} | {groups} |")
+                         f"{r['vs_plain']:.3f} | {plan} | {groups} | "
+                         f"{r.get('page_faults_per_step', float('nan')):.0f} |")
         lines.append("")
     checks = [line for result in results for line in result["targets"]]
     if checks:
@@ -284,12 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     default = ["mlp", "cnn", "transformer"] + ([GPT2] if args.device == "cuda" else [])
     models = [m.strip() for m in args.models.split(",") if m.strip()] or default
     command = typed_command("commsched.bench.overhead", argv)
+    # Before any tensor: see Note [Page faults are the heap's, not the candidate's].
+    allocator = keep_freed_memory() or "the C library's malloc as it came (no mallopt)"
     meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),
             "torch": torch.__version__ + (f", {torch.cuda.get_device_name(device)}"
                                           if device.type == "cuda" else ""),
             "optimizer": args.optimizer, "rounds": args.rounds,
             "steps": args.steps, "round_ms": args.round_ms, "warmup": args.warmup,
-            "threads": args.threads,
+            "threads": args.threads, "allocator": allocator,
             "args": vars(args)}
     commsched.init()
     results = []
