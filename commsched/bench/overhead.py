@@ -219,7 +219,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              "every round; figure: each candidate's best per-round median; ratio "
              f"over the plain optimizer's. `{CONTROL}` is a second plain optimizer on its own "
              "copy of the model: its distance from 1.000 is the noise of the table.", "",
-             f"Allocator: {meta.get('allocator', 'not recorded')}; all candidates share one "
+             f"Allocator: {meta['allocator']}; all candidates share one "
              "process, and so one heap (Note [Page faults are the heap's, not the candidate's] "
              "in commsched/bench/allocator.py). Page faults per step: the median over rounds.",
              ""]
@@ -235,7 +235,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             groups = "-" if r["update_groups"] in (None, 0) else str(r["update_groups"])
             lines.append(f"| {r['candidate']} | {r['best_median_ms']:.2f} | "
                          f"{r['vs_plain']:.3f} | {plan} | {groups} | "
-                         f"{r.get('page_faults_per_step', float('nan')):.0f} |")
+                         f"{r['page_faults_per_step']:.0f} |")
         lines.append("")
     checks = [line for result in results for line in result["targets"]]
     if checks:

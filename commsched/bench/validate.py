@@ -15,6 +15,7 @@ from ..sim import FittedNetwork, Mode, profile_from_document, simulate
 from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
 from .compare_report import verdicts_of
+from .compression_speed import COMPRESSION_KNOBS, parse_candidate
 
 
 def predict_ms(document: dict, plan: Plan, policy: Policy,
@@ -76,8 +77,6 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
     it does (it never changes the compressor it was given): whether it picked the policy of the
     fastest one, and its own median against that one's (knobs included: `auto` may pick the
     fastest policy with other knobs, or another policy and still run as fast)."""
-    from .compression_speed import COMPRESSION_KNOBS, parse_candidate
-
     def compressing(label: str) -> dict[str, Any]:
         return {k: v for k, v in parse_candidate(label)[1].items() if k in COMPRESSION_KNOBS}
 
