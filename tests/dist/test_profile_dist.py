@@ -74,12 +74,13 @@ def test_profile_json_and_identical_plans(tmp_path: pathlib.Path) -> None:
     assert root["self_time_s"] < root["forward_time_s"]  # the layers ran inside it
     allreduce = doc["collectives"]["allreduce"]
     samples = allreduce["samples"]
-    # The profiling plan: one collective per tensor, in each of the latest 2 of the 3
-    # iterations (the fit's window: the latest half, as for ready times).
-    assert sorted(n for n, _ in samples) == sorted([t["bytes"] for t in doc["tensors"]] * 2)
+    # The profiling plan: one collective per tensor, each at its median over the latest 2 of
+    # the 3 iterations (the fit's window: the latest half, as for ready times; Note [A
+    # collective's cost is its typical iteration's]).
+    assert sorted(n for n, _ in samples) == sorted(t["bytes"] for t in doc["tensors"])
     assert all(seconds > 0 for _, seconds in samples), samples
-    # The channel's busy time of the last 2 profiled steps, within their wall time.
-    assert sum(t for _, t in samples) < sum(profiled_s[1:]), (samples, profiled_s)
+    # The channel's busy time of a typical profiled step, within the slower of the last 2.
+    assert sum(t for _, t in samples) < max(profiled_s[1:]), (samples, profiled_s)
     alpha, beta = allreduce["alpha_s"], allreduce["beta_s_per_byte"]
     fitted = fit_collective([(n, t) for n, t in samples])
     assert (alpha, beta) == (fitted.alpha, fitted.beta)  # the fit of the samples written

@@ -76,8 +76,37 @@ def test_collective_samples_keep_a_bounded_window() -> None:
         prof.record([0], blocks)
     kept = sum(len(s) for r in prof.collective_rounds for s in r.values())
     assert kept <= KEEP_COLLECTIVE_SAMPLES and len(prof.collective_rounds) > 1
-    assert len(prof.collective_samples) == 100 * (len(prof.collective_rounds)
-                                                  - len(prof.collective_rounds) // 2)
+    # One plan throughout: its 100 blocks, each at its median.
+    assert prof.collective_samples == [(1000, 10e-6)] * 100
+
+
+def test_each_block_costs_its_median_over_the_iterations_of_its_plan() -> None:
+    # A plan of two small blocks and a large one (1 ms start-up, 1 us per byte); of the six
+    # iterations in the window, one had a small block wait 150 ms for a late peer, another
+    # 20 ms.
+    prof = Profiler(num_tensors=1)
+    plain = [(0, 100, 0, 0, 1100, 1100), (1, 100, 0, 0, 1100, 1100),
+             (2, 9000, 0, 0, 10_000, 10_000)]
+    stalled = [(0, 100, 0, 0, 151_100, 151_100)] + plain[1:]
+    late = [plain[0], (1, 100, 0, 0, 21_100, 21_100), plain[2]]
+    for blocks in [[(0, 64, 0, 0, 50, 50)]] + [plain] * 4 + [plain, stalled, plain, late,
+                                                              plain, plain]:
+        prof.record([0], blocks)
+    samples = prof.samples_by_op["allreduce"]
+    assert samples == [(100, pytest.approx(1.1e-3)), (100, pytest.approx(1.1e-3)),
+                       (9000, pytest.approx(10e-3))]
+    net = prof.net_model()
+    assert (net.alpha, net.beta) == (pytest.approx(1e-3), pytest.approx(1e-6))
+    # Every sample would have charged the stalls to every byte, 4x the link's cost.
+    mean = fit_collective([s for r in prof.collective_rounds[5:] for s in r["allreduce"]])
+    assert mean.beta > 3 * net.beta
+    # A second plan in the window: its blocks at their own medians, after the first plan's.
+    for blocks in ([(0, 200, 0, 0, 2000, 2000)], [(0, 200, 0, 0, 4000, 4000)],
+                   [(0, 200, 0, 0, 2500, 2500)]):
+        prof.record([0], blocks)
+    assert prof.samples_by_op["allreduce"] == [
+        (100, pytest.approx(1.1e-3)), (100, pytest.approx(1.1e-3)),
+        (9000, pytest.approx(10e-3)), (200, pytest.approx(2.5e-3))]
 
 
 class _FakeEvent:
