@@ -28,6 +28,7 @@ import commsched
 from ..compression import LossyCompression
 from ..config import Policy
 from ..outputs import OutputPathError, prepare_dir
+from ..runtime.profiler import critical_rank, document_samples, waited_s
 from ..torch_compat import ddp_kwargs
 from .compare_report import bound_lines, markdown_table, write_outputs
 from .compression_speed import (
@@ -209,8 +210,9 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
 class PredictionInput:
     """What one commsched candidate's prediction is made from, read once on rank 0: the
     profile as it stands at the end of the run (latest half of the profiler's window; the one
-    written when the profiling steps ended still holds warm-up iterations), the policy whose plan
-    it runs (`auto`'s choice for auto), and what a lossy compressor needs."""
+    written when the profiling steps ended still holds warm-up iterations) on the rank the
+    others waited for (Note [The rank the others wait for] in runtime/profiler.py), the policy
+    whose plan it runs (`auto`'s choice for auto), and what a lossy compressor needs."""
 
     index: int  # position in --candidates: the N of candidate<N>.json
     cand: Candidate
@@ -218,19 +220,30 @@ class PredictionInput:
     document: dict
     lossy: LossyCompression | None
     shapes: dict[str, tuple[int, ...]]
+    rank: int = 0  # whose profile `document` is
 
 
-def prediction_inputs(candidates: list[Candidate]) -> list[PredictionInput]:
+def end_profiles(candidates: list[Candidate]) -> dict[int, list[dict]]:
+    """Every rank calls this: each predicted candidate's end-of-run profile on every rank, by
+    candidate index."""
+    own = {index: cand.optimizer.session.profile_document()
+           for index, cand in enumerate(candidates) if cand.predicted}
+    gathered = commsched.init().all_gather_object(own)
+    return {index: [ranks[index] for ranks in gathered] for index in own}
+
+
+def prediction_inputs(candidates: list[Candidate],
+                      profiles: dict[int, list[dict]]) -> list[PredictionInput]:
     out = []
-    for index, cand in enumerate(candidates):
-        if not cand.predicted:
-            continue
+    for index, documents in profiles.items():
+        cand = candidates[index]
         named, knobs = parse_candidate(cand.name)
         auto = getattr(cand.optimizer, "auto", None)
         policy = auto.chosen.policy if auto is not None else Policy(named)
+        rank = critical_rank([waited_s(document_samples(d)) for d in documents])
         out.append(PredictionInput(
-            index, cand, policy, cand.optimizer.session.profile_document(), lossy_of(knobs),
-            {n: tuple(p.shape) for n, p in cand.model.named_parameters()}))
+            index, cand, policy, documents[rank], lossy_of(knobs),
+            {n: tuple(p.shape) for n, p in cand.model.named_parameters()}, rank))
     return out
 
 
@@ -252,8 +265,8 @@ def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]]) -> li
 
 
 def keep_prediction_inputs(inputs: list[PredictionInput], directory: str) -> None:
-    """Rank 0, with --predict-dir: what each prediction was made from (the end-of-run profile,
-    the installed plan, the policy simulated and the parameters' shapes) as
+    """Rank 0, with --predict-dir: what each prediction was made from (the end-of-run profile
+    and whose it is, the installed plan, the policy simulated and the parameters' shapes) as
     candidate<N>-end.json, so that a change to the fit or the simulator can be checked against a
     run without running it again."""
     from ..plan.serialize import plan_to_dict
@@ -261,7 +274,7 @@ def keep_prediction_inputs(inputs: list[PredictionInput], directory: str) -> Non
     for item in inputs:
         document = {"candidate": item.cand.name, "policy": item.policy.value,
                     "plan": plan_to_dict(item.cand.optimizer.plan), "profile": item.document,
-                    "shapes": item.shapes}
+                    "rank": item.rank, "shapes": item.shapes}
         path = os.path.join(directory, f"candidate{item.index}-end.json")
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(document, handle)
@@ -326,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     parser.add_argument("--predict", action="store_true", help="simulate each commsched "
-                        "candidate from its own profile; report prediction errors and the floor")
+                        "candidate from its own profile (that of the rank the others waited "
+                        "for); report prediction errors and the floor")
     parser.add_argument("--predict-dir", default="", help="as --predict, and keep each "
                         "candidate's profile in this directory (candidate<N>.json, when its "
                         "profiling steps ended) and what its prediction was made from "
@@ -350,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(candidates)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     floor_profile = None
+    profiles = end_profiles(candidates) if predict else {}
     if predict and world.rank == 0:
-        inputs = prediction_inputs(candidates)
+        inputs = prediction_inputs(candidates, profiles)
         bound["auto"] = predictions(inputs, rows)
         floor_profile = add_floor(rows, bound, inputs)
         if args.predict_dir:

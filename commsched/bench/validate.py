@@ -1,6 +1,7 @@
-"""Checks the simulator against measurement: each commsched candidate's own profile (written
-when its profiling steps ended, the document `auto` decides from) and its installed plan are
-simulated, and the prediction is set beside the measured median."""
+"""Checks the simulator against measurement: each commsched candidate's own profile at the end
+of its run (that of the rank the others waited for: Note [The rank the others wait for] in
+runtime/profiler.py) and its installed plan are simulated, and the prediction is set beside the
+measured median."""
 
 from __future__ import annotations
 

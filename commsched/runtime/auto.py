@@ -2,7 +2,8 @@
 install the fastest prediction; then compare the prediction with the measured iteration time
 and re-plan once when they disagree.
 
-Every rank ranks the candidates from rank 0's profile document (broadcast by the caller), and
+Every rank ranks the candidates from the same profile document (that of the rank the others
+wait for, gathered by the caller), and
 the ranking is deterministic, so every rank installs the same plan; the re-plan decision is
 also taken from rank 0's measurements for the same reason.
 """

@@ -5,8 +5,9 @@
                   tensor (the profiling plan, one block in flight at a time: Note [Profiling
                   one block at a time]) until that many iterations ended; else the policy's
                   plan from the default cost model at once
-    re-plan:      rank 0's profile (and fitted alpha, beta) is broadcast and every rank builds
-                  the same plan from it; `auto` simulates every candidate and takes the fastest
+    re-plan:      every rank's profile is gathered and every rank builds the same plan from
+                  that of the rank the others wait for (Note [The rank the others wait for] in
+                  profiler.py); `auto` simulates every candidate and takes the fastest
     `auto` check: after auto.CHECK_STEPS measured iterations, re-plan once if off by > 20%
 
 Every install compares the plan's fingerprint across ranks before the engine gets it, so no
@@ -19,6 +20,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..compression import Compressor
 from ..config import Config, Policy
@@ -32,9 +34,10 @@ from .auto import AutoState
 from .compressed import CompressedGradients
 from .engine import EngineHandle
 from .overlap import OverlapRunner
-from .profiler import profile_document
+from .profiler import critical_rank, profile_document, waited_s
 
 log = logging.getLogger("commsched")
+T = TypeVar("T")
 
 # Once the plan is built (and `auto` has checked it), the profiler records every SAMPLE_EVERY-th
 # iteration: enough for a late re-plan, and a fraction of the per-iteration bookkeeping.
@@ -131,7 +134,7 @@ class PlanLifecycle:
 
     def reinstall(self, iteration: int) -> None:
         """Rebuilds the plan in place for the same stage of the run (profiling, or the policy's
-        plan from rank 0's profile) after `wire` changed (compression starting mid-run)."""
+        plan from the world's profile) after `wire` changed (compression starting mid-run)."""
         if iteration == self.replan_at:
             return  # iteration_ended re-plans now anyway
         if self.replan_at is not None and iteration < self.replan_at:
@@ -160,15 +163,16 @@ class PlanLifecycle:
             self._engine.sample_every = every
 
     def replan(self) -> None:
-        """Builds the policy's plan from rank 0's profile, identically on every rank."""
+        """Builds the policy's plan from the profile of the rank the others wait for,
+        identically on every rank."""
         if self.auto is not None:
             self._replan_auto()
             return
         cfg, profiler = self._config, self._engine.profiler
         overlap = self._runner is not None and cfg.policy.overlaps_iterations
-        profile, net, document = self._world.broadcast_object(
+        profile, net, document = self._critical(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
-             self.profile_document() if overlap else None))
+             self.profile_document() if overlap else None), profiler.samples_by_op)
         plan = self._policy_plan(profile, net)
         if document is not None:
             run, compressed = self._run_of(document)
@@ -184,9 +188,9 @@ class PlanLifecycle:
             self._runner.activate(plan)
 
     def _replan_auto(self) -> None:
-        """Simulates every valid plan on rank 0's profile and installs the fastest."""
+        """Simulates every valid plan on the world's profile and installs the fastest."""
         assert self.auto is not None
-        document = self._world.broadcast_object(self.profile_document())
+        document = self._critical(self.profile_document(), self._engine.profiler.samples_by_op)
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
         overlap_allowed = self._runner is not None and self._world.size > 1
         chosen = self.auto.choose(document, self._config, overlap_allowed,
@@ -210,6 +214,11 @@ class PlanLifecycle:
         return compressed.run, compressed
 
     # -- profile ------------------------------------------------------------------------------
+
+    def _critical(self, mine: T, samples_by_op: dict[str, list[tuple[int, float]]]) -> T:
+        """`mine` as the rank the others wait for has it (all ranks call this together)."""
+        gathered = self._world.all_gather_object((waited_s(samples_by_op), mine))
+        return gathered[critical_rank([w for w, _ in gathered])][1]
 
     def profile_document(self) -> dict:
         """This rank's profile as the JSON document of docs/profile.md."""

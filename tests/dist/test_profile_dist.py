@@ -11,7 +11,7 @@ from helpers import distributed_test
 from commsched.runtime.profiler import fit_collective
 
 
-def _profile_job(path: str) -> dict:
+def _profile_job(path: str, lag_s: float = 0.0) -> dict:
     import time
 
     import torch
@@ -31,6 +31,8 @@ def _profile_job(path: str) -> dict:
     for step in range(5):
         started = time.perf_counter()
         opt.zero_grad()
+        if rank == 1:
+            time.sleep(lag_s)  # a rank behind the others: they wait for it in every collective
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 10 + rank))
         model(x).square().mean().backward()
         opt.step()
@@ -87,3 +89,17 @@ def test_profile_json_and_identical_plans(tmp_path: pathlib.Path) -> None:
     # Note [Fitting a collective's cost]: the line gives the samples' total time back.
     total_s = sum(t for _, t in samples)
     assert sum(alpha + beta * n for n, _ in samples) == pytest.approx(total_s)
+
+
+def test_plans_follow_the_rank_the_others_wait_for(tmp_path: pathlib.Path) -> None:
+    # Note [The rank the others wait for]: rank 1 spends 150 ms more before each forward pass,
+    # so rank 0's first block of every iteration holds that wait. The plan, and the profile
+    # rank 0 writes, are rank 1's: its compute before the first gradient holds the 150 ms.
+    path = tmp_path / "profile.json"
+    lag_s = 0.15
+    results = distributed_test(_profile_job, world_size=2, timeout=90, args=(str(path), lag_s))
+    assert results[0]["fingerprint"] == results[1]["fingerprint"]
+    doc = json.loads(path.read_text())
+    assert doc["compute"]["before_first_ready_s"] >= lag_s
+    assert sum(t for _, t in doc["collectives"]["allreduce"]["samples"]) < lag_s
+
