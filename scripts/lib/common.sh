@@ -7,6 +7,7 @@ scripts/setup.sh
 export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
 
 # Filter for a horovodrun job's combined output: rank 0's stdout lines, without their prefix.
+# BENCH_LOG=path keeps the whole output (every rank's stderr too) there, appended.
 rank0_stdout() {
-  grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
+  tee -a "${BENCH_LOG:-/dev/null}" | grep '\[0\]<stdout>' | sed 's/^\[0\]<stdout>://'
 }
