@@ -28,7 +28,14 @@ import commsched
 from ..compression import LossyCompression
 from ..config import Policy
 from ..outputs import OutputPathError, prepare_dir
-from ..runtime.profiler import critical_rank, document_samples, waited_s
+from ..runtime.world_profile import (
+    IterationRow,
+    critical_rank,
+    document_samples,
+    waited_s,
+    with_world_compute,
+    world_compute,
+)
 from ..torch_compat import ddp_kwargs
 from .compare_report import bound_lines, markdown_table, write_outputs
 from .compression_speed import (
@@ -211,7 +218,7 @@ class PredictionInput:
     """What one commsched candidate's prediction is made from, read once on rank 0: the
     profile as it stands at the end of the run (latest half of the profiler's window; the one
     written when the profiling steps ended still holds warm-up iterations) on the rank the
-    others waited for (Note [The rank the others wait for] in runtime/profiler.py), the policy
+    others waited for, with every rank's compute (runtime/world_profile.py), the policy
     whose plan it runs (`auto`'s choice for auto), and what a lossy compressor needs."""
 
     index: int  # position in --candidates: the N of candidate<N>.json
@@ -223,26 +230,38 @@ class PredictionInput:
     rank: int = 0  # whose profile `document` is
 
 
-def end_profiles(candidates: list[Candidate]) -> dict[int, list[dict]]:
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank's end-of-run profile of one candidate, and its sampled iterations (Note [Every
+    rank's gradients] in runtime/world_profile.py)."""
+
+    document: dict
+    rows: list[IterationRow]
+
+
+def end_profiles(candidates: list[Candidate]) -> dict[int, list[RankProfile]]:
     """Every rank calls this: each predicted candidate's end-of-run profile on every rank, by
     candidate index."""
-    own = {index: cand.optimizer.session.profile_document()
+    own = {index: RankProfile(cand.optimizer.session.profile_document(),
+                              cand.optimizer.session.engine.profiler.iteration_rows())
            for index, cand in enumerate(candidates) if cand.predicted}
     gathered = commsched.init().all_gather_object(own)
     return {index: [ranks[index] for ranks in gathered] for index in own}
 
 
 def prediction_inputs(candidates: list[Candidate],
-                      profiles: dict[int, list[dict]]) -> list[PredictionInput]:
+                      profiles: dict[int, list[RankProfile]]) -> list[PredictionInput]:
     out = []
-    for index, documents in profiles.items():
+    for index, ranks in profiles.items():
         cand = candidates[index]
         named, knobs = parse_candidate(cand.name)
         auto = getattr(cand.optimizer, "auto", None)
         policy = auto.chosen.policy if auto is not None else Policy(named)
-        rank = critical_rank([waited_s(document_samples(d)) for d in documents])
+        rank = critical_rank([waited_s(document_samples(r.document)) for r in ranks])
+        document = with_world_compute(ranks[rank].document,
+                                      world_compute([r.rows for r in ranks]))
         out.append(PredictionInput(
-            index, cand, policy, documents[rank], lossy_of(knobs),
+            index, cand, policy, document, lossy_of(knobs),
             {n: tuple(p.shape) for n, p in cand.model.named_parameters()}, rank))
     return out
 
@@ -339,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     parser.add_argument("--predict", action="store_true", help="simulate each commsched "
-                        "candidate from its own profile (that of the rank the others waited "
-                        "for); report prediction errors and the floor")
+                        "candidate from its own profile (the world's: the rank the others "
+                        "waited for, every rank's compute); report prediction errors and the floor")
     parser.add_argument("--predict-dir", default="", help="as --predict, and keep each "
                         "candidate's profile in this directory (candidate<N>.json, when its "
                         "profiling steps ended) and what its prediction was made from "

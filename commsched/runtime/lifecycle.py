@@ -6,8 +6,9 @@
                   one block at a time]) until that many iterations ended; else the policy's
                   plan from the default cost model at once
     re-plan:      every rank's profile is gathered and every rank builds the same plan from
-                  that of the rank the others wait for (Note [The rank the others wait for] in
-                  profiler.py); `auto` simulates every candidate and takes the fastest
+                  the world's (world_profile.py: the collectives of the rank the others wait
+                  for, every rank's compute); `auto` simulates every candidate and takes the
+                  fastest
     `auto` check: after auto.CHECK_STEPS measured iterations, re-plan once if off by > 20%
 
 Every install compares the plan's fingerprint across ranks before the engine gets it, so no
@@ -34,7 +35,14 @@ from .auto import AutoState
 from .compressed import CompressedGradients
 from .engine import EngineHandle
 from .overlap import OverlapRunner
-from .profiler import critical_rank, profile_document, waited_s
+from .profiler import profile_document
+from .world_profile import (
+    WorldCompute,
+    critical_rank,
+    waited_s,
+    with_world_compute,
+    world_compute,
+)
 
 log = logging.getLogger("commsched")
 T = TypeVar("T")
@@ -163,18 +171,21 @@ class PlanLifecycle:
             self._engine.sample_every = every
 
     def replan(self) -> None:
-        """Builds the policy's plan from the profile of the rank the others wait for,
-        identically on every rank."""
+        """Builds the policy's plan from the world's profile (`_critical`), identically on
+        every rank."""
         if self.auto is not None:
             self._replan_auto()
             return
         cfg, profiler = self._config, self._engine.profiler
         overlap = self._runner is not None and cfg.policy.overlaps_iterations
-        profile, net, document = self._critical(
+        (profile, net, document), world = self._critical(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
-             self.profile_document() if overlap else None), profiler.samples_by_op)
+             self.profile_document()), profiler.samples_by_op)
+        if world is not None:
+            profile = Profile(tuple(0.0 if t is None else t for t in world.ready_times))
+            document = with_world_compute(document, world)
         plan = self._policy_plan(profile, net)
-        if document is not None:
+        if overlap:
             run, compressed = self._run_of(document)
             plan = with_update_groups(run, plan, FittedNetwork.from_document(document),
                                       None if compressed is None else compressed.compute)
@@ -190,7 +201,9 @@ class PlanLifecycle:
     def _replan_auto(self) -> None:
         """Simulates every valid plan on the world's profile and installs the fastest."""
         assert self.auto is not None
-        document = self._critical(self.profile_document(), self._engine.profiler.samples_by_op)
+        document, world = self._critical(self.profile_document(),
+                                         self._engine.profiler.samples_by_op)
+        document = with_world_compute(document, world)
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
         overlap_allowed = self._runner is not None and self._world.size > 1
         chosen = self.auto.choose(document, self._config, overlap_allowed,
@@ -215,10 +228,15 @@ class PlanLifecycle:
 
     # -- profile ------------------------------------------------------------------------------
 
-    def _critical(self, mine: T, samples_by_op: dict[str, list[tuple[int, float]]]) -> T:
-        """`mine` as the rank the others wait for has it (all ranks call this together)."""
-        gathered = self._world.all_gather_object((waited_s(samples_by_op), mine))
-        return gathered[critical_rank([w for w, _ in gathered])][1]
+    def _critical(self, mine: T, samples_by_op: dict[str, list[tuple[int, float]]]
+                  ) -> tuple[T, WorldCompute | None]:
+        """`mine` as the rank the others wait for has it, and the compute of every rank (Note
+        [The rank the others wait for], Note [Every rank's gradients] in world_profile.py; all
+        ranks call this together)."""
+        rows = self._engine.profiler.iteration_rows()
+        gathered = self._world.all_gather_object((waited_s(samples_by_op), rows, mine))
+        chosen = gathered[critical_rank([w for w, _, _ in gathered])][2]
+        return chosen, world_compute([r for _, r, _ in gathered])
 
     def profile_document(self) -> dict:
         """This rank's profile as the JSON document of docs/profile.md."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..plan import NetModel, Profile, TensorSpec
 from ..sim.timing import children_seconds
+from .world_profile import IterationRow
 
 DEFAULT_NET = NetModel()
 
@@ -154,6 +155,8 @@ class Profiler:
     # How long reading device-timed figures may wait for the device (the engine's timeout).
     timeout_s: float = 300.0
     ready_samples: list[list[float]] = field(default_factory=list)
+    # Per row of ready_samples, that iteration's before_first_ready_s (-1 where not measured).
+    before_first_ready_rows: list[float] = field(default_factory=list)
     # One entry per recorded iteration with collectives: op -> its blocks' (bytes, seconds).
     collective_rounds: list[dict[str, list[tuple[int, float]]]] = field(default_factory=list)
     # Compute the simulator needs besides ready times, in seconds: "before_first_ready_s" (from
@@ -195,6 +198,11 @@ class Profiler:
             first = min(marked)
             self.ready_samples.append([(t - first) / 1e6 if t >= 0 else -1.0 for t in ready_us])
             _keep_last(self.ready_samples, KEEP_ITERATIONS)
+            # This iteration's (Note [Every rank's gradients] in world_profile.py): its first
+            # gradient came before the engine's wait for its blocks, in either mode.
+            befores = self.compute_samples.get("before_first_ready_s")
+            self.before_first_ready_rows.append(befores[-1] if befores else -1.0)
+            _keep_last(self.before_first_ready_rows, KEEP_ITERATIONS)
         round_: dict[str, list[tuple[int, float]]] = {}
         for position, (_block, nbytes, _ready, launch, done, service) in enumerate(block_timings):
             if launch >= 0 and done >= 0:
@@ -271,6 +279,12 @@ class Profiler:
         return {kind: statistics.median(latest_half(values))
                 for kind, values in self.compute_samples.items() if values}
 
+    def iteration_rows(self) -> list[IterationRow]:
+        """Every kept sampled iteration, for the world's compute (world_profile.py)."""
+        return [IterationRow(before, tuple(row))
+                for before, row in zip(self.before_first_ready_rows, self.ready_samples,
+                                       strict=True)]
+
     @property
     def iterations(self) -> int:
         return len(self.ready_samples)
@@ -341,37 +355,3 @@ def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size
             "iterations": profiler.iterations, "compute": compute, "tensors": tensors,
             "modules": modules, "collectives": collectives,
             "clocks": {**profiler.clocks, **({"module_forward_s": CPU} if modules else {})}}
-
-
-# Note [The rank the others wait for]
-# A collective starts when its last rank launches it, so the ranks that launched earlier time
-# that wait as part of the block (Note [A collective's cost is its typical iteration's]), and
-# where one rank is behind throughout (its backward is slower, or its core is shared with more
-# threads) every block on every other rank holds the lag: one lag, which their profiles charge
-# once per block. The profile that describes the iteration is that of the rank the others wait
-# for: its compute is the critical path, and its blocks waited least, so their service times
-# are the transfers. It is the rank whose collectives of a typical iteration took the least
-# time in all (the lowest rank among equals, rank 0 where nothing was timed). Plans, `auto`
-# and the benchmarks' predictions are made from it. Re-simulated from the profiles of every
-# rank kept by six runs (2 ranks, CNN and Transformer at 1 Gbit/s, and the CNN on 3 ranks):
-# the CNN's PowerSGD plans predicted 7-8% high from rank 0's under `horovod` and `prophet`
-# came within 2-5%, and 31 compressed predictions stayed within 14% (median 5%), 23
-# uncompressed ones within 8% (median 3%).
-
-
-def waited_s(samples_by_op: Mapping[str, Sequence[Sequence[float]]]) -> float:
-    """The collectives' service time of a typical iteration: `Profiler.samples_by_op`, or a
-    profile document's (`document_samples`)."""
-    return sum(float(sample[1]) for samples in samples_by_op.values() for sample in samples)
-
-
-def document_samples(document: dict) -> dict[str, list[list[float]]]:
-    return {op: entry.get("samples") or []
-            for op, entry in (document.get("collectives") or {}).items()}
-
-
-def critical_rank(waited: Sequence[float]) -> int:
-    """Of every rank's `waited_s`, the rank the others wait for (Note [The rank the others wait
-    for])."""
-    return min(range(len(waited)), key=lambda rank: (waited[rank], rank))
-

@@ -103,3 +103,42 @@ def test_plans_follow_the_rank_the_others_wait_for(tmp_path: pathlib.Path) -> No
     assert doc["compute"]["before_first_ready_s"] >= lag_s
     assert sum(t for _, t in doc["collectives"]["allreduce"]["samples"]) < lag_s
 
+
+
+def _alternating_lag_job(path: str, lag_s: float) -> dict:
+    import time
+
+    import torch
+    from torch import nn
+
+    import commsched
+
+    rank = commsched.init().rank
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         policy="horovod", profile_steps=6, profile=path)
+    for step in range(6):
+        opt.zero_grad()
+        if step == 3 + rank:  # each rank is the late one in one of the last three iterations
+            time.sleep(lag_s)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 10 + rank))
+        model(x).square().mean().backward()
+        opt.step()
+    opt.flush()
+    return {"own_before_first_ready_s":
+            opt.session.engine.profiler.compute()["before_first_ready_s"]}
+
+
+def test_gradients_are_ready_when_the_last_rank_has_them(tmp_path: pathlib.Path) -> None:
+    # Note [Every rank's gradients]: of the three iterations the profile is made from (the
+    # latest half of six), rank 0 is late in one and rank 1 in another, so each rank's own
+    # median holds no lag while every collective waited for one in two of the three.
+    path = tmp_path / "profile.json"
+    lag_s = 0.2
+    results = distributed_test(_alternating_lag_job, world_size=2, timeout=90,
+                               args=(str(path), lag_s))
+    assert all(r["own_before_first_ready_s"] < lag_s for r in results.values()), results
+    doc = json.loads(path.read_text())
+    assert doc["compute"]["before_first_ready_s"] >= lag_s

@@ -7,12 +7,9 @@ from commsched.runtime.profiler import (
     KEEP_COLLECTIVE_SAMPLES,
     EventSpan,
     Profiler,
-    critical_rank,
-    document_samples,
     fit_alpha_beta,
     fit_collective,
     profile_document,
-    waited_s,
 )
 
 
@@ -171,19 +168,3 @@ def test_waiting_for_a_device_timed_update_has_a_timeout() -> None:
     prof.note_update(20, 1e-3)
     with pytest.raises(TimeoutError, match=r"timed out after 0.05 s \(COMMSCHED_TIMEOUT\)"):
         prof.update_cost()
-
-
-def test_the_rank_the_others_wait_for_waited_least() -> None:
-    # Rank 1 is behind: ranks 0 and 2 hold the lag in their blocks, rank 1 the transfers.
-    ranks = [{"allreduce": [(100, 0.050), (4000, 0.060)]},
-             {"allreduce": [(100, 0.001), (4000, 0.011)]},
-             {"allreduce": [(100, 0.030)], "all_gather": [(4000, 0.040)]}]
-    assert [waited_s(r) for r in ranks] == pytest.approx([0.110, 0.012, 0.070])
-    assert critical_rank([waited_s(r) for r in ranks]) == 1
-    assert critical_rank([0.0, 0.0]) == 0  # nothing timed (a world of one): rank 0
-    assert critical_rank([0.2, 0.1, 0.1]) == 1  # the lowest rank among equals
-    document = {"collectives": {"allreduce": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9,
-                                              "samples": [[100, 0.001], [4000, 0.011]]}}}
-    assert waited_s(document_samples(document)) == pytest.approx(0.012)
-    assert waited_s(document_samples({"collectives": {}})) == 0.0
-
