@@ -13,11 +13,13 @@
 #include <map>
 
 #include "engine.h"
+#include "gradient_intake.h"
 #include "transport.h"
 
 namespace py = pybind11;
 using commsched::BlockSpec;
 using commsched::Engine;
+using commsched::GradientIntake;
 
 namespace {
 
@@ -168,4 +170,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("release_transport", &Engine::release_transport,
            py::call_guard<py::gil_scoped_release>());
+
+  // Note [Gradients handed over in C++] (gradient_intake.h).
+  py::class_<GradientIntake, std::shared_ptr<GradientIntake>>(m, "GradientIntake")
+      .def(py::init<int64_t, int64_t, py::function, py::function>(), py::arg("tensors"),
+           py::arg("passes"), py::arg("first_gradient"), py::arg("slow_path"))
+      .def("set_engine", &GradientIntake::set_engine, py::arg("engine"))
+      .def("set_python_only", &GradientIntake::set_python_only, py::arg("tensor_id"),
+           py::arg("on"))
+      .def_property("started", &GradientIntake::started, &GradientIntake::set_started)
+      .def("reset", &GradientIntake::reset, py::arg("passes"))
+      .def("next_iteration", &GradientIntake::next_iteration, py::arg("passes"))
+      .def("remaining", &GradientIntake::remaining, py::arg("tensor_id"))
+      .def("take_pass", &GradientIntake::take_pass, py::arg("tensor_id"))
+      .def_property_readonly("handed", &GradientIntake::handed)
+      .def_property_readonly("marked", &GradientIntake::marked)
+      .def("hook",
+           [](const std::shared_ptr<GradientIntake>& self, int64_t tensor_id) {
+             return commsched::GradientHook{self, tensor_id};
+           },
+           py::arg("tensor_id"), "The post-accumulate-grad hook of tensor `tensor_id`");
+
+  m.def("take_grads", &commsched::take_grads, py::arg("params"),
+        "Each parameter's grad (None where it has none), left None on the parameter");
+  m.def("set_grads", &commsched::set_grads, py::arg("params"), py::arg("grads"),
+        "p.grad = g for each pair");
+  m.def("clear_grads", &commsched::clear_grads, py::arg("params"), "p.grad = None for each");
+
+  py::class_<commsched::GradientHook>(m, "GradientHook")
+      .def("__call__", &commsched::GradientHook::operator(), py::arg("param"));
 }

@@ -15,12 +15,15 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import torch
 
+from .. import _C
 from ..torch_compat import unhooked_step
 from .clock import UpdateTimer
 from .profiler import EventSpan
@@ -33,15 +36,20 @@ class HyperParameterSnapshots:
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = _WeakOptimizer(optimizer)
         self.groups: list[dict[str, Any]] = []
+        # Each snapshot group's keys and values, for the identity check at every step().
+        self._keys: list[tuple[str, ...]] = []
+        self._values: list[tuple[Any, ...]] = []
         self._views: list[ParamGroupView] = []
         self.take()
 
     def take(self) -> None:
         user_groups = self._optimizer().param_groups
         if len(user_groups) == len(self.groups) \
-                and all(map(_holds_the_same, user_groups, self.groups)):
+                and all(map(_holds_the_same, user_groups, self._keys, self._values)):
             return  # taken at every step(): most steps change no hyper-parameter
         self.groups = [{k: v for k, v in g.items() if k != "params"} for g in user_groups]
+        self._keys = [tuple(g) for g in self.groups]
+        self._values = [tuple(g.values()) for g in self.groups]
         for view in self._views:
             view.refresh(self.groups[view.index])
 
@@ -52,13 +60,14 @@ class HyperParameterSnapshots:
         self._views.clear()
 
 
-def _holds_the_same(user_group: dict[str, Any], snapshot: dict[str, Any]) -> bool:
-    """Whether the user's group holds the very objects of `snapshot` (identity, not equality: an
-    LR scheduler stores a new number, and a tensor hyper-parameter compares element-wise)."""
-    if len(user_group) != len(snapshot) + 1:
+def _holds_the_same(user_group: dict[str, Any], keys: tuple[str, ...],
+                    values: tuple[Any, ...]) -> bool:
+    """Whether the user's group holds the very objects a snapshot took (identity, not equality:
+    an LR scheduler stores a new number, and a tensor hyper-parameter compares element-wise)."""
+    if len(user_group) != len(keys) + 1:
         return False
     get = user_group.get
-    return all(get(key, _MISSING) is value for key, value in snapshot.items())
+    return all(map(operator.is_, map(get, keys, repeat(_MISSING)), values))
 
 
 _MISSING = object()
@@ -165,6 +174,8 @@ class DeferredUpdates:
         self._user_ref = _WeakOptimizer(user)
         self._snapshots = HyperParameterSnapshots(user)
         self._subs: dict[tuple[int, ...], torch.optim.Optimizer] = {}
+        # Counts invalidate() calls: a sub-optimizer from subset() is stale once it moved on.
+        self.generation = 0
         # torch wraps every optimizer class's step with profiler spans and the step hooks; the
         # user's step() already ran that wrapper once, so the subsets (and the wrapper's own
         # synchronous update, from inside that step()) call the step itself: through the
@@ -186,6 +197,7 @@ class DeferredUpdates:
         many subsets were seen. The snapshot itself is kept."""
         self._subs.clear()
         self._snapshots.forget_views()
+        self.generation += 1
 
     def snapshot(self) -> None:
         self._snapshots.take()
@@ -196,20 +208,24 @@ class DeferredUpdates:
         if sub is None:
             if len(self._subs) >= _MAX_SUBSETS:
                 self.invalidate()
-            sub = block_optimizer(self._base_cls, self._user, list(params), self._snapshots)
+            sub = self.subset(params)
             self._subs[key] = sub
         return sub
 
-    def apply(self, params: Sequence[torch.Tensor],
-              grads: Sequence[torch.Tensor] | None = None) -> None:
-        """Sets the gradients (if given), steps the subset, and clears its gradients so that
-        nothing is left for a second step or for the next backward to accumulate into."""
+    def subset(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
+        """A new sub-optimizer of `params`, not cached here: for a caller that steps the same
+        subset every iteration and keeps it, with `generation` to tell when it went stale."""
+        return block_optimizer(self._base_cls, self._user, list(params), self._snapshots)
+
+    def apply(self, params: list[torch.Tensor], grads: list[torch.Tensor] | None = None,
+              optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Sets the gradients (if given), steps the subset (with `optimizer`, a `subset()` of
+        this generation, when given), and clears its gradients so that nothing is left for a
+        second step or for the next backward to accumulate into."""
         if grads is not None:
-            for param, grad in zip(params, grads, strict=True):
-                param.grad = grad
-        self.base_step(self._optimizer_for(params))
-        for param in params:
-            param.grad = None
+            _C.set_grads(params, grads)
+        self.base_step(optimizer if optimizer is not None else self._optimizer_for(params))
+        _C.clear_grads(params)
 
     def step_all_in_two_calls(self) -> list[tuple[int, float | EventSpan]]:
         """Steps every parameter of the user's optimizer that has a gradient, in two calls:

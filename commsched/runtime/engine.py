@@ -86,8 +86,11 @@ class EngineHandle:
         self._closed = False
         self._engine = _C.Engine(self._group, [s.name for s in specs], self.timeout_ms,
                                  ring_collectives=ring)
-        # Called once per gradient: the extension's own method, no Python frame in between.
+        # The extension's own method, no Python frame in between (the gradient hooks' slow path
+        # and the zeros of step(); the common case hands gradients over in C++).
         self.mark_ready: Callable[[int, torch.Tensor], None] = self._engine.mark_ready
+        # What a session's gradient intake hands gradients to (csrc/gradient_intake.h).
+        self.native = self._engine
         self.profiler = Profiler(len(specs), timeout_s=timeout)
         self.plan: Plan | None = None
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,6 +65,20 @@ class ModuleProfile:
         self._starts.clear()
 
 
+@dataclass
+class _GroupWork:
+    """What an update group's call needs, worked out once per plan: its tensors that some block
+    completes, their parameters and bytes, and its sub-optimizer (with the generation of the
+    deferred updates it was made in)."""
+
+    tids: list[int]
+    params: list[torch.Tensor]
+    nbytes: int
+    wait_for: int
+    optimizer: torch.optim.Optimizer | None = None
+    generation: int = -1
+
+
 class HookMode(enum.Enum):
     RECORDING = "recording"  # every module: forward order and times (profiling steps)
     ACTIVE = "active"  # first users of a group's parameters, and the root's end of forward
@@ -93,7 +108,13 @@ class OverlapRunner:
         self._pending_groups: set[int] = set()
         self._bytes_of: dict[tuple[int, ...], int] = {}
         self._needs: dict[int, int] = {}
-        self._taken: list[tuple[int, torch.Tensor]] = []  # (tensor id, parameter) in _needs
+        # The tensors some block completes (those in _needs) and their parameters: step() takes
+        # their gradients out of p.grad.
+        self._taken_ids: list[int] = []
+        self._taken_params: list[torch.Tensor] = []
+        self._work: list[_GroupWork] = []
+        # Whether no tensor is in two groups: a pending group's tensors are then all pending.
+        self._disjoint = False
         self._gathers: list[int] = []
         self._released = 0
         self._handles: list[Any] = []
@@ -163,7 +184,8 @@ class OverlapRunner:
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         self._needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)
-        self._taken = [(t, p) for t, p in enumerate(self._params) if t in self._needs]
+        self._taken_ids = [t for t in range(len(self._params)) if t in self._needs]
+        self._taken_params = [self._params[t] for t in self._taken_ids]
         self._decompressed = {} if compressed is None else \
             {t: index for index, t in enumerate(compressed.ids)}
         groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
@@ -196,7 +218,16 @@ class OverlapRunner:
                 if index not in self._groups_at.get(name, []):
                     self._groups_at.setdefault(name, []).append(index)
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
+        self._work = [self._group_work(group) for group in self._groups]
+        members = [t for work in self._work for t in work.tids]
+        self._disjoint = len(members) == len(set(members))
         self._set_mode(HookMode.ACTIVE)
+
+    def _group_work(self, group: UpdateGroup) -> _GroupWork:
+        tids = [t for t in group.tensor_ids if t in self._needs]
+        params = [self._params[t] for t in tids]
+        return _GroupWork(tids, params, sum(p.numel() * p.element_size() for p in params),
+                          group.wait_for)
 
     def restore(self, order: list[str], active: bool, recording: bool, plan: Plan) -> None:
         """Puts the runner where a checkpoint left it. The forward order decides in which
@@ -225,15 +256,13 @@ class OverlapRunner:
     def begin(self) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward."""
         self._deferred.snapshot()
-        grads = self._grads
-        for tid, p in self._taken:
-            grads[tid] = p.grad  # type: ignore[assignment]
-            p.grad = None
-        self._pending = set(self._grads)
+        self._grads = dict(zip(self._taken_ids, _C.take_grads(self._taken_params), strict=True))
+        self._pending = set(self._taken_ids)
         self._pending_groups = set(range(len(self._groups)))
         self.open = True
         self._released = 0
-        self._release_through(0)
+        if self._gathers:
+            self._release_through(0)
 
     def _release_through(self, count: int) -> None:
         while self._released < min(count + 1, len(self._gathers)):
@@ -252,18 +281,30 @@ class OverlapRunner:
             return
         self._release_through(len(self._gathers))
         self._engine.wait()
-        self._apply(sorted(self._pending))
-        self._grads.clear()
+        if self._pending:
+            self._apply(sorted(self._pending))
+        self._grads = {}
         self.open = False
 
-    def _apply(self, tids: list[int]) -> None:
+    def _apply(self, tids: list[int], work: _GroupWork | None = None) -> None:
+        """Applies the update of `tids` (`work`'s whole group when given) with one call of the
+        user's optimizer."""
         if not tids:
             return
-        params = [self._params[t] for t in tids]
-        key = tuple(tids)
-        nbytes = self._bytes_of.get(key)
-        if nbytes is None:  # the same groups come back every iteration
-            nbytes = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
+        optimizer = None
+        if work is not None:
+            params, nbytes = work.params, work.nbytes
+            deferred = self._deferred
+            if work.generation != deferred.generation:
+                work.optimizer, work.generation = deferred.subset(params), deferred.generation
+            optimizer = work.optimizer
+        else:
+            params = [self._params[t] for t in tids]
+            key = tuple(tids)
+            known = self._bytes_of.get(key)
+            if known is None:  # the same leftovers come back every iteration
+                known = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
+            nbytes = known
         started = _C.now_us()
         if self._decompressed:  # its time is the compressor's (compute.compression_s)
             self._decompress(tids)
@@ -271,7 +312,7 @@ class OverlapRunner:
         # Timed only when the profiler keeps this iteration; device events on CUDA (Note
         # [Which clock]).
         timer = UpdateTimer(params) if engine.sampling else None
-        self._deferred.apply(params, [self._grads[t] for t in tids])
+        self._deferred.apply(params, list(map(self._grads.__getitem__, tids)), optimizer)
         if timer is not None:
             engine.profiler.note_update(nbytes, timer.stop())
         self._update_us += _C.now_us() - started
@@ -311,14 +352,17 @@ class OverlapRunner:
 
     def _apply_group(self, index: int) -> None:
         self._pending_groups.discard(index)
-        group = self._groups[index]
-        tids = [t for t in group.tensor_ids if t in self._pending]
+        work = self._work[index]
+        # A group's tensors are applied with it, or all at once by finish(), which closes the
+        # iteration: with no tensor in two groups, a pending group has every tensor pending.
+        whole = self._disjoint
+        tids = work.tids if whole else [t for t in work.tids if t in self._pending]
         if not tids:
             return
         if self._gathers:
-            self._release_through(self._gathers.index(group.wait_for) + 1)
-        self._engine.wait_block(group.wait_for)
-        self._apply(tids)
+            self._release_through(self._gathers.index(work.wait_for) + 1)
+        self._engine.wait_block(work.wait_for)
+        self._apply(tids, work if whole else None)
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self.finish()

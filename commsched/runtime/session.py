@@ -46,6 +46,14 @@ from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
 from .wrap import TOO_MANY_BACKWARDS, WrapOptions, dense_layout, make_specs
 
+
+def _call(session_ref: weakref.ref[Session], method: Callable[[Session], None]) -> None:
+    """`method` of the session behind `session_ref`, unless it was dropped."""
+    session = session_ref()
+    if session is not None:
+        method(session)
+
+
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 _activity = registry.activity
 
@@ -89,12 +97,7 @@ class Session(ElasticBinding, CompressedIntake):
         tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
-        self._delay = [self.passes] * len(self.specs)
-        # Gradients handed over this iteration (any pass), and how many reached the engine:
-        # counters, so that zero_grad() and step() need no walk over every parameter.
-        self._handed = 0
-        self._marked = 0
-        self._gradients_started = False
+        self.intake: _C.GradientIntake | None = None  # made below, after the first _bind()
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.runner: OverlapRunner | None = None
         self.compressed: CompressedGradients | None = None
@@ -105,10 +108,17 @@ class Session(ElasticBinding, CompressedIntake):
         self._bound = False  # whether engine, plan and world exist (see _bind)
         if not self.elastic:
             self._bind()
-        compressed_ids: set[int] = set() if self.compressed is None else set(self.compressed.ids)
-        self._hooks = [p.register_post_accumulate_grad_hook(
-            self._gradient_hook(tid, self.compressed if tid in compressed_ids else None))
-            for tid, p in enumerate(self.params) if p.numel() > 0]
+        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
+        self.intake = _C.GradientIntake(len(self.params), self.passes,
+                                        lambda: _call(this, Session._first_gradient),
+                                        self._slow_path())
+        if self._bound:
+            self.intake.set_engine(self.engine.native)
+        compressed_ids: list[int] = [] if self.compressed is None else list(self.compressed.ids)
+        for tid in compressed_ids:
+            self.intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
+        self._hooks = [p.register_post_accumulate_grad_hook(self.intake.hook(tid))
+                       for tid, p in enumerate(self.params) if p.numel() > 0]
         self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, (_, p) in enumerate(self._routed)]
@@ -136,6 +146,8 @@ class Session(ElasticBinding, CompressedIntake):
                                    iteration=lambda: getattr(this(), "iteration", 0))
         self._resources.engine, self._resources.sparse = self.engine, self.sparse
         self._mark_ready = self.engine.mark_ready
+        if self.intake is not None:  # an elastic job's (re)bind: gradients go to the new engine
+            self.intake.set_engine(self.engine.native)
         self.runner = self._make_runner(self._base_cls)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
@@ -154,10 +166,15 @@ class Session(ElasticBinding, CompressedIntake):
         self.lifecycle.start(self.iteration)
         self._bound = True
 
-    def _reset_counts(self) -> None:
-        self._delay = [self.passes] * len(self.specs)
-        self._handed = self._marked = 0
-        if self._bound:
+    def _reset_counts(self, next_iteration: bool = False) -> None:
+        """Every tensor expects `passes` gradients again; with `next_iteration` the next
+        gradient is also the iteration's first (Session._first_gradient runs)."""
+        if self.intake is not None:
+            if next_iteration:
+                self.intake.next_iteration(self.passes)
+            else:
+                self.intake.reset(self.passes)
+        if self._routed and self._bound:
             self.sparse.reset(self.passes)
 
     def _check_ranks_agree(self, routed: list[tuple[str, torch.Tensor]]) -> None:
@@ -217,39 +234,45 @@ class Session(ElasticBinding, CompressedIntake):
             self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
                                       else 0.0)
 
-    def _gradient_hook(self, tensor_id: int, compressed: CompressedGradients | None = None):
-        """The hook that hands a parameter's finished gradient over: to the engine, or, for a
-        tensor compression carries while it is on, to the compressor (which hands its wire
-        tensors to the engine)."""
-        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
-        index = -1 if compressed is None else compressed.ids.index(tensor_id)
+    @property
+    def _gradients_started(self) -> bool:
+        """Whether this iteration's first gradient arrived (Session._first_gradient ran)."""
+        return self.intake is not None and self.intake.started
 
-        def hook(param: torch.Tensor) -> None:
+    @_gradients_started.setter
+    def _gradients_started(self, started: bool) -> None:
+        if self.intake is not None:
+            self.intake.started = started
+
+    def _slow_path(self) -> Callable[[int], None]:
+        """What the gradient intake hands to Python (Note [Gradients handed over in C++],
+        csrc/gradient_intake.h): sparse and non-contiguous gradients, a compressor's tensors, a
+        pass too many, and any gradient while no engine is bound. The common case, a dense
+        gradient, is counted and handed to the engine in C++."""
+        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
+
+        def slow_path(tensor_id: int) -> None:
             session = this()
             if session is None:
                 return
-            if not session._gradients_started:
-                session._first_gradient()
-            delay = session._delay
-            remaining = delay[tensor_id]
-            if remaining <= 0:
+            intake = session.intake
+            assert intake is not None
+            if intake.remaining(tensor_id) <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
+            param = session.params[tensor_id]
             grad = param.grad
             if grad is None:
                 return
             if grad.is_sparse:
                 session._densify(tensor_id, param)
-            delay[tensor_id] = remaining - 1
-            session._handed += 1
-            if remaining == 1:
-                session._marked += 1
-                if compressed is not None and compressed.on:
-                    compressed.hand_over(index, dense_layout(param))
-                elif grad.is_sparse or not grad.is_contiguous():
-                    session._mark_ready(tensor_id, dense_layout(param))
-                else:  # the common case, without another Python call
-                    session._mark_ready(tensor_id, grad)
-        return hook
+            if intake.take_pass(tensor_id) != 1:
+                return
+            compressed = session.compressed
+            if compressed is not None and compressed.on and tensor_id in compressed.ids:
+                compressed.hand_over(compressed.ids.index(tensor_id), dense_layout(param))
+            else:
+                session._mark_ready(tensor_id, dense_layout(param))
+        return slow_path
 
     def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
         """Note [sparse gradients without a route]: a sparse gradient of a parameter the plan
@@ -293,9 +316,10 @@ class Session(ElasticBinding, CompressedIntake):
     @property
     def pending(self) -> bool:
         """Whether some gradient of this iteration was handed over and not yet reduced."""
+        handed = self.intake is not None and self.intake.handed > 0
         if not self._bound:
-            return self._handed > 0  # unbound: no sparse gradient was counted either
-        return self._handed > 0 or (len(self.sparse) > 0 and self.sparse.pending(self.passes))
+            return handed  # unbound: no sparse gradient was counted either
+        return handed or (len(self.sparse) > 0 and self.sparse.pending(self.passes))
 
     def set_passes(self, passes: int) -> None:
         self.passes = passes
@@ -308,7 +332,7 @@ class Session(ElasticBinding, CompressedIntake):
         another rank may have computed it)."""
         if self.compressed is not None and self.compressed.on:
             self.compressed.launch_rest()
-        if self._marked == self._hooked:
+        if self.intake is not None and self.intake.marked == self._hooked:
             return  # every hooked gradient is with the engine (zero-size ones are in no block)
         for tensor_id in self.engine.not_ready():
             if tensor_id >= len(self.params):
@@ -401,8 +425,7 @@ class Session(ElasticBinding, CompressedIntake):
         return result
 
     def _end_iteration(self) -> None:
-        self._reset_counts()
-        self._gradients_started = False
+        self._reset_counts(next_iteration=True)
         self.iteration += 1
         if self.engine.timeline:
             self.engine.mark(f"iteration {self.iteration}")
