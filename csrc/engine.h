@@ -89,6 +89,11 @@ class Engine {
   int64_t world_size() const { return world_size_; }
   // Bytes copied into fusion buffers since the engine was made (zero-copy blocks add nothing).
   int64_t packed_bytes() const { return packed_bytes_.load(); }
+  // The caller's waits (wait_all, wait_block), kept here so that no Python runs around each:
+  // since when the caller waits (-1: it does not), for the heartbeats, and the total so far,
+  // which the profiler takes out of compute.
+  int64_t waiting_since_us() const { return waiting_since_us_.load(); }
+  int64_t waited_us() const { return waited_us_.load(); }
 
  private:
   struct InFlight {
@@ -176,6 +181,8 @@ class Engine {
 
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> packed_bytes_{0};
+  std::atomic<int64_t> waiting_since_us_{-1};
+  std::atomic<int64_t> waited_us_{0};
   std::thread engine_thread_;
   std::thread completion_thread_;
 };

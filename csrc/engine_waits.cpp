@@ -11,6 +11,30 @@
 
 namespace commsched {
 
+namespace {
+
+// Marks the caller as waiting from construction to destruction (error or not).
+class TimedWait {
+ public:
+  TimedWait(std::atomic<int64_t>& since, std::atomic<int64_t>& total)
+      : since_(since), total_(total), start_(now_us()) {
+    since_.store(start_);
+  }
+  ~TimedWait() {
+    total_ += now_us() - start_;
+    since_.store(-1);
+  }
+  TimedWait(const TimedWait&) = delete;
+  TimedWait& operator=(const TimedWait&) = delete;
+
+ private:
+  std::atomic<int64_t>& since_;
+  std::atomic<int64_t>& total_;
+  int64_t start_;
+};
+
+}  // namespace
+
 void Engine::fail(const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -33,6 +57,7 @@ void Engine::wait_done_locked(std::unique_lock<std::mutex>& lock, int64_t count,
 }
 
 void Engine::wait_all(int64_t timeout_ms) {
+  TimedWait timed(waiting_since_us_, waited_us_);
   std::unique_lock<std::mutex> lock(mu_);
   wait_done_locked(lock, static_cast<int64_t>(plan_.size()), timeout_ms);
   for (const auto& event : done_events_) DeviceSync::current_stream_wait(event);
@@ -48,6 +73,7 @@ void Engine::wait_all(int64_t timeout_ms) {
 }
 
 void Engine::wait_block(int64_t position, int64_t timeout_ms) {
+  TimedWait timed(waiting_since_us_, waited_us_);
   std::unique_lock<std::mutex> lock(mu_);
   TORCH_CHECK(position >= 0 && position < static_cast<int64_t>(plan_.size()),
               "commsched: no block at plan position ", position);

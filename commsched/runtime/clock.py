@@ -45,12 +45,13 @@ class UpdateTimer:
 class StepClock:
     def __init__(self, engine: EngineHandle) -> None:
         self._engine = engine
+        self._native = engine.native  # read at every step(), without a Python property
         self.step_end_us = -1
         self._waited_at_step_end = 0.0
 
     def step_ended(self) -> None:
         self.step_end_us = _C.now_us()
-        self._waited_at_step_end = self._engine.waited_s
+        self._waited_at_step_end = self._native.waited_us / 1e6
 
     def first_gradient(self, updates_s: float = 0.0) -> None:
         """At an iteration's first gradient: records the compute before backward, from the end

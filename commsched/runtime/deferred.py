@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -43,7 +43,10 @@ class HyperParameterSnapshots:
         self.take()
 
     def take(self) -> None:
-        user_groups = self._optimizer().param_groups
+        user = self._optimizer.ref()  # not through _WeakOptimizer's call: once per step()
+        if user is None:
+            raise RuntimeError("commsched: the wrapped optimizer is gone")
+        user_groups = user.param_groups
         if len(user_groups) == len(self.groups) \
                 and all(map(_holds_the_same, user_groups, self._keys, self._values)):
             return  # taken at every step(): most steps change no hyper-parameter
@@ -150,13 +153,13 @@ class _WeakOptimizer:
     a strong reference back would keep a dropped optimizer, and its engine's threads, alive until
     a garbage collection (see Note [a dropped optimizer releases its engine] in session.py)."""
 
-    __slots__ = ("_ref",)
+    __slots__ = ("ref",)
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self._ref = weakref.ref(optimizer)
+        self.ref = weakref.ref(optimizer)
 
     def __call__(self) -> torch.optim.Optimizer:
-        optimizer = self._ref()
+        optimizer = self.ref()
         if optimizer is None:
             raise RuntimeError("commsched: the wrapped optimizer is gone")
         return optimizer
@@ -201,6 +204,10 @@ class DeferredUpdates:
 
     def snapshot(self) -> None:
         self._snapshots.take()
+
+    def snapshot_call(self) -> Callable[[], None]:
+        """snapshot() as one call (the overlap runner takes one at every step())."""
+        return self._snapshots.take
 
     def _optimizer_for(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         key = tuple(map(id, params))

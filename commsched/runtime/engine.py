@@ -4,7 +4,6 @@ fed. The work itself happens in commsched._C on background threads."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 
 import torch
@@ -14,7 +13,7 @@ from .. import _C
 from ..compression import Compressor
 from ..plan import Collective, Plan, Stage, TensorSpec, dtype_name
 from ..world import World, registry
-from ..world.errors import without_backtrace
+from ..world.errors import RankFailureError, without_backtrace
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
@@ -74,8 +73,6 @@ class EngineHandle:
         self._ops: list[str] = []
         self._iteration = iteration or (lambda: self.rounds)
         self._world = world
-        self._waiting_since: float | None = None
-        self.waited_s = 0.0  # the training thread's total time blocked in engine waits
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
         if self._group is None and self.process_group_at_size_one:
@@ -144,45 +141,50 @@ class EngineHandle:
         from its thread): the iteration the user sees, the round of waits the engine is in (the
         tensors not handed over yet are comparable across ranks in the same round), how long the
         training thread has been waiting on it, and those tensors."""
-        since = self._waiting_since
+        since = self._engine.waiting_since_us
         return {"iteration": self._iteration(), "round": self.rounds, "label": self.label,
-                "waiting_s": None if since is None else time.monotonic() - since,
+                "waiting_s": None if since < 0 else (_C.now_us() - since) / 1e6,
                 "not_ready": [self.specs[t].name for t in self._engine.not_ready_tensors()]}
 
-    def _guarded(self, call, *args):
-        """Runs an engine wait; a failure is re-raised starting with the ranks that hold this one
-        up and how (world.liveness.diagnose: silent, left, or stuck where and for how long)."""
-        self._waiting_since = time.monotonic()
-        try:
-            return call(*args)
-        except RuntimeError as err:
-            liveness = getattr(self._world, "liveness", None)
-            verdict = (liveness.diagnose(ranks=self._world.members).text
-                       if liveness is not None else "")
-            text = without_backtrace(err)
-            raise self._world.fail(f"{verdict}: {text}" if verdict else text) from err
-        finally:
-            self.waited_s += time.monotonic() - self._waiting_since
-            self._waiting_since = None
+    @property
+    def waited_s(self) -> float:
+        """The training thread's total time blocked in engine waits (the engine keeps it)."""
+        return self._engine.waited_us / 1e6
+
+    def _failure(self, err: RuntimeError) -> RankFailureError:
+        """A failed engine call, as raised to the user: starting with the ranks that hold this
+        one up and how (world.liveness.diagnose: silent, left, or stuck where and how long)."""
+        liveness = getattr(self._world, "liveness", None)
+        verdict = liveness.diagnose(ranks=self._world.members).text if liveness is not None else ""
+        text = without_backtrace(err)
+        return self._world.fail(f"{verdict}: {text}" if verdict else text)
 
     def wait(self) -> None:
         """Waits for every block of the iteration, then records it for the profiler."""
         started = _C.now_us()
-        self._guarded(self._engine.wait_all, self.timeout_ms)
+        try:
+            self._engine.wait_all(self.timeout_ms)
+        except RuntimeError as err:
+            raise self._failure(err) from err
         self.rounds += 1
         if self.sampling:
             engine = self._engine
             self.profiler.record(engine.last_ready_us(), engine.last_block_timings(), self._ops,
                                  engine.last_clocks())
-        self._arm_ready_events()
+        if self.sampling != ((self.rounds + 1) % self._sample_every == 0):
+            self._arm_ready_events()
         if self.timeline:
             self.span("wait", started, what="all blocks")
             self.timeline.engine_events(self._engine.drain_events())
 
     def wait_block(self, position: int) -> None:
         started = _C.now_us()
-        self._guarded(self._engine.wait_block, position, self.timeout_ms)
-        self.span("wait", started, what=f"block at position {position}")
+        try:
+            self._engine.wait_block(position, self.timeout_ms)
+        except RuntimeError as err:
+            raise self._failure(err) from err
+        if self.timeline:
+            self.span("wait", started, what=f"block at position {position}")
 
     def span(self, name: str, started_us: int, **args: object) -> None:
         """A span of the training thread (lane 3) from `started_us` until now."""
@@ -190,7 +192,10 @@ class EngineHandle:
             self.timeline.span(name, 3, started_us, _C.now_us(), **args)
 
     def release(self, position: int) -> None:
-        self._guarded(self._engine.release, position)
+        try:
+            self._engine.release(position)
+        except RuntimeError as err:
+            raise self._failure(err) from err
 
     def set_credit(self, nbytes: int) -> None:
         self._engine.set_credit(nbytes)

@@ -10,8 +10,10 @@ Timeline of one iteration (after the profiling steps):
               the planner: plan/update_groups.py): release the all-gathers up to the one the
               group needs plus one (look-ahead), wait for the group's last block, apply its
               update with one call of the user's optimizer restricted to its parameters
-    end of the root module's forward: wait for everything, apply what is left (parameters not
-              used in this forward), and the engine is ready for the next backward
+    end of the root module's forward (or, when the groups hold every parameter, the first
+              gradient of backward: Note [The end of the forward pass]): wait for everything,
+              apply what is left (parameters not used in this forward), and the engine is ready
+              for the next backward
 During the profiling steps every module has hooks that record the forward order and each
 module's time; once an overlap plan runs, only the modules that start a group keep one.
 """
@@ -89,6 +91,7 @@ class OverlapRunner:
     def __init__(self, deferred: DeferredUpdates, model: nn.Module, params: list[torch.Tensor],
                  engine: EngineHandle) -> None:
         self._deferred = deferred
+        self._snapshot = deferred.snapshot_call()
         self._engine = engine
         self._params = params
         self._tid = {id(p): i for i, p in enumerate(params)}
@@ -113,6 +116,7 @@ class OverlapRunner:
         self._taken_ids: list[int] = []
         self._taken_params: list[torch.Tensor] = []
         self._work: list[_GroupWork] = []
+        self._groups_cover_all = False
         # Whether no tensor is in two groups: a pending group's tensors are then all pending.
         self._disjoint = False
         self._gathers: list[int] = []
@@ -125,12 +129,9 @@ class OverlapRunner:
         self.decompress_scale = 1.0
         self._decompressed: dict[int, int] = {}  # tensor id -> index in `compressed`, this plan
         self.mode = HookMode.OFF
+        self.active = False
         self._set_mode(HookMode.RECORDING)
 
-    @property
-    def active(self) -> bool:
-        """Whether an overlap plan runs: step() leaves the updates to the next forward pass."""
-        return self.mode is HookMode.ACTIVE
 
     @property
     def recording(self) -> bool:
@@ -144,6 +145,9 @@ class OverlapRunner:
             handle.remove()
         self._handles = []
         self.mode = mode
+        # Whether an overlap plan runs: step() leaves the updates to the next forward pass (an
+        # attribute, read at every step()).
+        self.active = mode is HookMode.ACTIVE
         if mode is HookMode.RECORDING:
             for name, module in self._named.items():
                 self._handles.append(module.register_forward_pre_hook(self._record_start(name)))
@@ -152,8 +156,9 @@ class OverlapRunner:
             for name in self._groups_at:
                 module = self._named[name]  # activate() mapped unknown names to the root
                 self._handles.append(module.register_forward_pre_hook(self._apply_groups(name)))
-            root = self._named[self._root_name]
-            self._handles.append(root.register_forward_hook(self._end_of_forward))
+            if not self._groups_cover_all:  # Note [The end of the forward pass]
+                root = self._named[self._root_name]
+                self._handles.append(root.register_forward_hook(self._end_of_forward))
 
     # -- activation -------------------------------------------------------------------------
 
@@ -221,6 +226,15 @@ class OverlapRunner:
         self._work = [self._group_work(group) for group in self._groups]
         members = [t for work in self._work for t in work.tids]
         self._disjoint = len(members) == len(set(members))
+        # Note [The end of the forward pass]
+        # The root's forward hook applies what the forward pass did not reach: parameters in no
+        # group, and groups whose modules all were skipped. When the groups hold every tensor,
+        # only the second can happen, and those parameters took no part in the forward pass,
+        # so their update may as well wait for finish() at the first gradient of backward (or at
+        # step(), flush()), which must wait for the iteration's blocks anyway: the forward hook
+        # is left out, one Python call per iteration fewer (a world of one, or a plan with one
+        # group, has nothing else at the end of the forward pass).
+        self._groups_cover_all = set(members) == set(self._taken_ids)
         self._set_mode(HookMode.ACTIVE)
 
     def _group_work(self, group: UpdateGroup) -> _GroupWork:
@@ -255,7 +269,7 @@ class OverlapRunner:
 
     def begin(self) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward."""
-        self._deferred.snapshot()
+        self._snapshot()
         self._grads = dict(zip(self._taken_ids, _C.take_grads(self._taken_params), strict=True))
         self._pending = set(self._taken_ids)
         self._pending_groups = set(range(len(self._groups)))
@@ -279,7 +293,8 @@ class OverlapRunner:
         """Waits for every block of the open iteration and applies every pending update."""
         if not self.open:
             return
-        self._release_through(len(self._gathers))
+        if self._gathers:
+            self._release_through(len(self._gathers))
         self._engine.wait()
         if self._pending:
             self._apply(sorted(self._pending))

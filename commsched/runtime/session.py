@@ -46,14 +46,6 @@ from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
 from .wrap import TOO_MANY_BACKWARDS, WrapOptions, dense_layout, make_specs
 
-
-def _call(session_ref: weakref.ref[Session], method: Callable[[Session], None]) -> None:
-    """`method` of the session behind `session_ref`, unless it was dropped."""
-    session = session_ref()
-    if session is not None:
-        method(session)
-
-
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 _activity = registry.activity
 
@@ -108,9 +100,7 @@ class Session(ElasticBinding, CompressedIntake):
         self._bound = False  # whether engine, plan and world exist (see _bind)
         if not self.elastic:
             self._bind()
-        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
-        self.intake = _C.GradientIntake(len(self.params), self.passes,
-                                        lambda: _call(this, Session._first_gradient),
+        self.intake = _C.GradientIntake(len(self.params), self.passes, self._first_gradient_call(),
                                         self._slow_path())
         if self._bound:
             self.intake.set_engine(self.engine.native)
@@ -223,9 +213,12 @@ class Session(ElasticBinding, CompressedIntake):
         handed over. Later gradients of the iteration go straight to the engine."""
         if self.elastic and self.stale:
             self._elastic_guard(self._rebind)
-        self._gradients_started = True
+        intake = self.intake
+        assert intake is not None
+        intake.started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
-        self._elastic_guard(self.lifecycle.settle, self.iteration)
+        if self.lifecycle.unsettled:
+            self._elastic_guard(self.lifecycle.settle, self.iteration)
         runner = self.runner
         if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
@@ -233,6 +226,16 @@ class Session(ElasticBinding, CompressedIntake):
         if self.engine.sampling:  # the profiler keeps every few iterations only
             self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
                                       else 0.0)
+
+    def _first_gradient_call(self) -> Callable[[], None]:
+        """What the gradient intake calls before an iteration's first gradient."""
+        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
+
+        def first_gradient() -> None:
+            session = this()
+            if session is not None:
+                session._first_gradient()
+        return first_gradient
 
     @property
     def _gradients_started(self) -> bool:
@@ -317,9 +320,9 @@ class Session(ElasticBinding, CompressedIntake):
     def pending(self) -> bool:
         """Whether some gradient of this iteration was handed over and not yet reduced."""
         handed = self.intake is not None and self.intake.handed > 0
-        if not self._bound:
+        if handed or not self._routed or not self._bound:
             return handed  # unbound: no sparse gradient was counted either
-        return handed or (len(self.sparse) > 0 and self.sparse.pending(self.passes))
+        return self.sparse.pending(self.passes)
 
     def set_passes(self, passes: int) -> None:
         self.passes = passes
@@ -353,8 +356,10 @@ class Session(ElasticBinding, CompressedIntake):
         self._elastic_guard(self._reduce)
 
     def _reduce(self) -> None:
-        self.lifecycle.settle(self.iteration)
-        self._launch_rest()
+        if self.lifecycle.unsettled:
+            self.lifecycle.settle(self.iteration)
+        if self.intake is None or self.intake.marked != self._hooked or self.compressed is not None:
+            self._launch_rest()
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         if compressed is not None:
@@ -383,9 +388,12 @@ class Session(ElasticBinding, CompressedIntake):
         runner = self.runner
         assert runner is not None
         _activity.now = ("step", time.monotonic(), self.iteration)
-        runner.finish()
-        self.lifecycle.settle(self.iteration)
-        self._launch_rest()
+        if runner.open:  # no backward since the last step()
+            runner.finish()
+        if self.lifecycle.unsettled:
+            self.lifecycle.settle(self.iteration)
+        if self.intake is None or self.intake.marked != self._hooked or self.compressed is not None:
+            self._launch_rest()
         runner.begin()
         compressed = self.compressed
         if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
@@ -425,7 +433,11 @@ class Session(ElasticBinding, CompressedIntake):
         return result
 
     def _end_iteration(self) -> None:
-        self._reset_counts(next_iteration=True)
+        if self._routed:
+            self._reset_counts(next_iteration=True)
+        else:  # the common case in one call
+            assert self.intake is not None
+            self.intake.next_iteration(self.passes)
         self.iteration += 1
         if self.engine.timeline:
             self.engine.mark(f"iteration {self.iteration}")

@@ -219,6 +219,29 @@ def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples
     opt.session.close()
 
 
+@pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
+def test_a_settled_plan_is_sampled_closely_then_rarely(policy: str) -> None:
+    """Note [Sampling the profile]: every SAMPLE_EVERY-th iteration for SAMPLED_CLOSELY
+    iterations after the plan settled, then every SAMPLE_EVERY_LATER-th."""
+    from commsched.runtime.lifecycle import SAMPLE_EVERY, SAMPLE_EVERY_LATER, SAMPLED_CLOSELY
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2)
+    engine = opt.session.engine
+    sampled = []
+    for _ in range(2 + SAMPLED_CLOSELY + 2 * SAMPLE_EVERY_LATER):
+        sampled.append(engine.sampling)
+        _train(model, opt, 1)
+    settled = 2  # the plan is built after the two profiling steps
+    assert all(sampled[:settled])  # the profiling steps record every iteration
+    closely = sampled[settled:settled + SAMPLED_CLOSELY]
+    later = sampled[settled + SAMPLED_CLOSELY:]
+    assert abs(sum(closely) - len(closely) // SAMPLE_EVERY) <= 1
+    assert 1 <= sum(later) <= len(later) // SAMPLE_EVERY_LATER + 1
+    opt.session.close()
+
+
 @pytest.mark.parametrize("policy", ["bytescheduler", "auto"])
 def test_profiling_steps_run_one_block_at_a_time(policy: str) -> None:
     """Note [Profiling one block at a time]: the profiling plan's blocks are timed alone; the
