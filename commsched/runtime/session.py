@@ -2,9 +2,11 @@
 route and the timing the profiler needs, with one iteration counter.
 
 What happens to one gradient (read top to bottom):
-    backward:  the parameter's post-accumulate-grad hook calls `_on_gradient`: after the
-               last of backward_passes_per_step passes, the gradient goes to the engine, which
-               reduces it in place in ``p.grad`` when its block's turn comes (csrc/engine.h)
+    backward:  the parameter's post-accumulate-grad hook, a C++ object of the gradient
+               intake (csrc/gradient_intake.h), runs `_first_gradient` once per iteration and
+               counts the passes: after the last of backward_passes_per_step, the gradient goes
+               to the engine, which reduces it in place in ``p.grad`` when its block's turn
+               comes (csrc/engine.h); what the intake leaves to Python is `_slow_path`'s
     step():    synchronous plans: `synchronize` launches what was not produced (as zeros),
                waits for every block, and the user's optimizer steps as usual;
                overlap plans: `step_deferred` launches the rest and returns; the runner takes
