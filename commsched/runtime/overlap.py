@@ -132,7 +132,6 @@ class OverlapRunner:
         self.active = False
         self._set_mode(HookMode.RECORDING)
 
-
     @property
     def recording(self) -> bool:
         return self.mode is HookMode.RECORDING

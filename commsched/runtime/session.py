@@ -323,7 +323,7 @@ class Session(ElasticBinding, CompressedIntake):
         """Whether some gradient of this iteration was handed over and not yet reduced."""
         handed = self.intake is not None and self.intake.handed > 0
         if handed or not self._routed or not self._bound:
-            return handed  # unbound: no sparse gradient was counted either
+            return handed  # no sparse gradient is routed, or none was counted (unbound)
         return self.sparse.pending(self.passes)
 
     def set_passes(self, passes: int) -> None:
@@ -360,6 +360,7 @@ class Session(ElasticBinding, CompressedIntake):
     def _reduce(self) -> None:
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
+        # _launch_rest's own first test, here: most iterations produce every gradient
         if self.intake is None or self.intake.marked != self._hooked or self.compressed is not None:
             self._launch_rest()
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
@@ -394,6 +395,7 @@ class Session(ElasticBinding, CompressedIntake):
             runner.finish()
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
+        # _launch_rest's own first test, here: most iterations produce every gradient
         if self.intake is None or self.intake.marked != self._hooked or self.compressed is not None:
             self._launch_rest()
         runner.begin()
