@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -131,8 +132,11 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
             cand.step(i)
         cand.finish()
     counter = warmup
-    for _ in range(rounds):
-        for cand in candidates:
+    for round_index in range(rounds):
+        # A new order every round, the same on every rank (their collectives must pair up): a
+        # slow phase of the machine must not fall on the same candidates round after round, nor
+        # one candidate always run after another's traffic.
+        for cand in random.Random(round_index).sample(candidates, len(candidates)):
             cand.step(counter)
             ends = [time.perf_counter()]
             counter += 1
