@@ -26,6 +26,12 @@ DESELECT=(
   "tests/unit/test_small_pieces.py::test_horovod_compression_and_ops_are_accepted"
 )
 DESELECT_REASON="imports horovod.torch to check that Horovod's Compression and op objects are accepted; Horovod is not installed in the side venv"
+# Whole modules that import Horovod at the top: left out of the collection (a deselect comes too
+# late, after the import failed), each with its reason.
+IGNORE=(
+  "tests/unit/test_elastic_local.py"
+)
+IGNORE_REASON="Elastic Horovod's protocol in a world of one: the module imports horovod.common.exceptions (the failure type is Horovod's HorovodInternalError); Horovod is not installed in the side venv"
 log() { echo "== check_torch_compat: $*" >&2; }
 
 log "venv $VENV (torch $TORCH_PIN)"
@@ -60,6 +66,7 @@ cp "$BUILD"/lib/commsched/_C*.so "$SRC/commsched/"
 
 PYTEST=(-m pytest tests/unit tests/dist -q -p no:cacheprovider -rfEs)
 for test in "${DESELECT[@]}"; do PYTEST+=(--deselect "$test"); done
+for module in "${IGNORE[@]}"; do PYTEST+=(--ignore "$module"); done
 log "pytest ${PYTEST[*]:1}"
 set +e
 (cd "$SRC" && OMP_NUM_THREADS=1 PYTHONPATH="$SRC" "$PY" "${PYTEST[@]}") 2>&1 | tee "$LOG"
@@ -75,7 +82,8 @@ mkdir -p "$REPORT_DIR"
 HEAD_SHA="$(cd "$ROOT" && git rev-parse --short HEAD)"
 DIRTY="$(cd "$ROOT" && git status --porcelain | wc -l | tr -d ' ')"
 "$PY" - "$LOG" "$REPORT_DIR" "$TORCH_PIN" "$rc" "$HEAD_SHA" "$DIRTY" "$SRC/commsched/torch_compat.py" \
-  "$DESELECT_REASON" "PYTHONPATH=. OMP_NUM_THREADS=1 python ${PYTEST[*]}" <<'PYEOF'
+  "$DESELECT_REASON" "PYTHONPATH=. OMP_NUM_THREADS=1 python ${PYTEST[*]}" "${IGNORE[*]}" \
+  "$IGNORE_REASON" <<'PYEOF'
 import datetime
 import importlib.util
 import pathlib
@@ -85,7 +93,8 @@ import sys
 
 import torch
 
-log, report_dir, pin, rc, head, dirty, compat_path, reason, command = sys.argv[1:]
+log, report_dir, pin, rc, head, dirty, compat_path, reason, command, ignored, ignore_reason = \
+    sys.argv[1:]
 spec = importlib.util.spec_from_file_location("_torch_compat", compat_path)
 compat = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compat)
@@ -119,6 +128,8 @@ out = [f"# commsched on torch {pin}", "",
        "```", command, "```", "",
        "Deselected: `tests/unit/test_small_pieces.py::test_horovod_compression_and_ops_are_accepted`"
        f" ({reason}).", ""]
+if ignored:
+    out += [f"Not collected: `{ignored}` ({ignore_reason}).", ""]
 if details:
     out += ["Failures, errors and skips:", "", "```", *details, "```", ""]
 (pathlib.Path(report_dir) / f"torch-{pin}.md").write_text("\n".join(out), encoding="utf-8")

@@ -83,9 +83,8 @@ def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batc
 def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
                     predict: bool = False, profile_dir: str = "") -> list[Candidate]:
     """The candidates to time; with `predict`, the commsched ones are simulated afterwards from
-    their profiles, which `profile_dir` (if given) also keeps as files."""
-    import horovod.torch as hvd
-
+    their profiles, which `profile_dir` (if given) also keeps as files. Horovod is imported only
+    for its own candidates (a side venv without it runs the others)."""
     rank = commsched.rank()
     out = []
     for index, label in enumerate(wanted):
@@ -93,6 +92,8 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
         predicted = False
         powersgd = parse_ddp_powersgd(label)
         if label in ("hvd", HVD_FP16):
+            import horovod.torch as hvd
+
             opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
                                            compression=hvd.Compression.fp16 if label == HVD_FP16
                                            else hvd.Compression.none)

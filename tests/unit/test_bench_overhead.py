@@ -57,10 +57,14 @@ def test_each_round_records_its_page_faults_per_step() -> None:
          "steps": 2, "round_ms": 1.0, "warmup": 1, "threads": 1, "allocator": "a"})
 
 
-# Each round makes tensors of 20, 20 and 12 MiB (13,312 pages) and frees them: glibc's default
-# thresholds unmap or trim them every round, so that each round faults them all in again
-# (106,240 faults in eight rounds, measured); with freed memory kept, the rounds after the first
-# two reuse their pages (3,072 faults in eight, measured). Its own process: mallopt lasts.
+# Each round makes tensors of 20, 20 and 12 MiB (13,312 pages) and frees them. With freed memory
+# kept, the rounds reuse their pages once the heap has grown; how soon depends on torch's
+# allocator: faults per round were 13,315, 2,048, 0, 3,072, then 0 on torch 2.13, and 13,319, 0,
+# 7,168, 5,120, 5,120, 5,120, then 0 on 2.4.1. So six rounds warm up and the last four are
+# counted. glibc's defaults are not a steady baseline to fail against: its dynamic mmap
+# threshold made the same pattern fault 13,280 pages in every round in one process and settle at
+# 0 after three rounds in the next (2.13, measured), which is why the overhead benchmark does not
+# leave the heap to them. Its own process: mallopt lasts.
 _REUSE = """
 import sys, torch
 from commsched.bench.allocator import keep_freed_memory, page_faults
@@ -69,10 +73,10 @@ if keep_freed_memory() is None:
 def one_round():
     a, b, c = torch.ones(5 << 20), torch.ones(5 << 20), torch.ones(3 << 20)
     del c, b, a
-one_round()
-one_round()
+for _ in range(6):
+    one_round()
 before = page_faults()
-for _ in range(8):
+for _ in range(4):
     one_round()
 print(page_faults() - before)
 """
@@ -85,4 +89,4 @@ def test_kept_memory_is_reused_without_faulting_it_in_again() -> None:
     if done.returncode == 3:
         pytest.skip("this C library has no mallopt (not glibc): nothing to check")
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout.strip()) < 13_312  # less than one round's pages in eight rounds
+    assert int(done.stdout.strip()) < 6_656  # less than half a round's pages in four rounds
