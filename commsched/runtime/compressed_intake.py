@@ -1,7 +1,7 @@
 """A session's side of lossy compression (PowerSGD, top-k): switching compression on at its
-start_step (the gradient hook hands a compressed tensor's gradient to the compressor, see
-Session._gradient_hook; the math and the factor buffers are in runtime/compressed.py; the wire
-tensors' place in the plan in plan/compressed.py)."""
+start_step (the C++ gradient intake leaves a compressed tensor's gradient to Python, and
+Session._slow_path hands it to the compressor; the math and the factor buffers are in
+runtime/compressed.py; the wire tensors' place in the plan in plan/compressed.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ What happens to one gradient (read top to bottom):
                the gradients out of ``p.grad`` (the engine still writes them) and applies each
                group's update in the next forward pass (commsched.runtime.overlap)
 DistributedOptimizer keeps Horovod's surface and delegates everything else here. Beside this
-file: `wrap.py` (the options and specs), `elastic.py` (re-binding in an elastic Horovod job),
+file: `wrap.py` (the options and specs), `gradient_hooks.py` (what the gradient intake leaves to
+Python, and the sparse route's hooks), `elastic.py` (re-binding in an elastic Horovod job),
 `compressed_intake.py` (a compressed tensor's hook) and `release.py` (a dropped wrapper's release).
 """
 
@@ -41,17 +42,18 @@ from .compressed_intake import CompressedIntake
 from .deferred import DeferredUpdates
 from .elastic import ElasticBinding
 from .engine import EngineHandle
+from .gradient_hooks import GradientHooks
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
 from .release import Resources, release, release_orphans
 from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
-from .wrap import TOO_MANY_BACKWARDS, WrapOptions, dense_layout, make_specs
+from .wrap import WrapOptions, dense_layout, make_specs
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 _activity = registry.activity
 
-class Session(ElasticBinding, CompressedIntake):
+class Session(ElasticBinding, CompressedIntake, GradientHooks):
     # Made by `_bind` for the world of now: at wrap time, or in an elastic Horovod job at the
     # first step and again whenever that world was re-formed (Note [Elastic Horovod]).
     world: World
@@ -228,95 +230,6 @@ class Session(ElasticBinding, CompressedIntake):
         if self.engine.sampling:  # the profiler keeps every few iterations only
             self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
                                       else 0.0)
-
-    def _first_gradient_call(self) -> Callable[[], None]:
-        """What the gradient intake calls before an iteration's first gradient."""
-        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
-
-        def first_gradient() -> None:
-            session = this()
-            if session is not None:
-                session._first_gradient()
-        return first_gradient
-
-    @property
-    def _gradients_started(self) -> bool:
-        """Whether this iteration's first gradient arrived (Session._first_gradient ran)."""
-        return self.intake is not None and self.intake.started
-
-    @_gradients_started.setter
-    def _gradients_started(self, started: bool) -> None:
-        if self.intake is not None:
-            self.intake.started = started
-
-    def _slow_path(self) -> Callable[[int], None]:
-        """What the gradient intake hands to Python (Note [Gradients handed over in C++],
-        csrc/gradient_intake.h): sparse and non-contiguous gradients, a compressor's tensors, a
-        pass too many, and any gradient while no engine is bound. The common case, a dense
-        gradient, is counted and handed to the engine in C++."""
-        this = weakref.ref(self)  # see Note [a dropped optimizer releases its engine]
-
-        def slow_path(tensor_id: int) -> None:
-            session = this()
-            if session is None:
-                return
-            intake = session.intake
-            assert intake is not None
-            if intake.remaining(tensor_id) <= 0:
-                raise AssertionError(TOO_MANY_BACKWARDS)
-            param = session.params[tensor_id]
-            grad = param.grad
-            if grad is None:
-                return
-            if grad.is_sparse:
-                session._densify(tensor_id, param)
-            if intake.take_pass(tensor_id) != 1:
-                return
-            compressed = session.compressed
-            if compressed is not None and compressed.on and tensor_id in compressed.ids:
-                compressed.hand_over(compressed.ids.index(tensor_id), dense_layout(param))
-            else:
-                session._mark_ready(tensor_id, dense_layout(param))
-        return slow_path
-
-    def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
-        """Note [sparse gradients without a route]: a sparse gradient of a parameter the plan
-        holds as dense (sparse_as_dense=True, or no model= to tell commsched before training
-        which parameters are sparse) is reduced dense, as Horovod's sparse_as_dense does, and
-        handed back sparse after the reduction (`_resparsify`), so that optimizers that take
-        only sparse gradients (SparseAdam) still work. Every rank reduces the same dense
-        block whatever it holds; rows no rank touched are left out of the sparse result.
-        A wrapper with an overlap runner (the overlap policies and `auto`, given model=) keeps
-        it dense: the runner applies deferred updates from the dense reduced gradients, and
-        one optimizer state (SGD's momentum buffer) must not see both kinds."""
-        assert param.grad is not None
-        param.grad = param.grad.to_dense()
-        if self.runner is None:
-            self._densified.add(tensor_id)
-
-    def _resparsify(self) -> None:
-        for tensor_id in self._densified:
-            param = self.params[tensor_id]
-            if param.grad is not None and not param.grad.is_sparse:
-                param.grad = param.grad.to_sparse(1)
-        self._densified.clear()
-
-    def _sparse_hook(self, index: int):
-        this = weakref.ref(self)
-
-        def hook(param: torch.Tensor) -> None:
-            session = this()
-            if session is None:
-                return
-            # The gradient stays in p.grad until the exchange at synchronize()/step().
-            if not session._gradients_started:
-                session._first_gradient()
-            delay = session.sparse.delay
-            if delay[index] <= 0:
-                raise AssertionError(TOO_MANY_BACKWARDS)
-            if param.grad is not None:
-                delay[index] -= 1
-        return hook
 
     @property
     def pending(self) -> bool:
