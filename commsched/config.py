@@ -110,6 +110,9 @@ KNOBS: tuple[Knob, ...] = (
          "flight at a time, while the profiler records ready times and collective timings; the "
          "policy's plan is built after them (`ddp` rebuilds after its first step instead).",
          minimum=0, maximum=10_000),
+    Knob("auto_trials", Kind.COUNT, 2, "`auto`: after its choice has run 20 steps, this many "
+         "runners-up of other policies (predicted within 15% of it) run 20 steps each, and the "
+         "measured-fastest stays (0: the prediction alone decides).", minimum=0, maximum=16),
     Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
          "fitted from the profiled collectives.", minimum=0, maximum=10),
     Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "
@@ -161,6 +164,7 @@ class Config:
     powersgd_start_step: int = 0
     powersgd_min_ratio: float = 2.0
     topk_ratio: float = 0.01
+    auto_trials: int = 2
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

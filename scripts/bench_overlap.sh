@@ -15,7 +15,8 @@ run() {  # model batch rate ranks out
   scripts/netem.sh up "$3"
   # --predict: the candidates' own profiles give the simulator's predictions and the floor of
   # any cross-iteration schedule.
-  # 28 warm-up steps cover auto's profiling steps, its 20-step check and its one re-plan.
+  # 28 warm-up steps cover auto's profiling steps and its 20-step check; compare steps `auto`
+  # on until its re-plan and trials are over (commsched.bench.compare.settling).
   scripts/netem.sh run .venv/bin/horovodrun -np "$4" --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds 3 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$5" 2>&1 | rank0_stdout

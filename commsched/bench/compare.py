@@ -122,17 +122,34 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
     return out
 
 
+# At most this many steps beyond --warmup while `auto` is still measuring (its choice, its re-plan
+# and its trials take 20 steps each): a cap, so that a bug cannot make a benchmark run forever.
+MAX_SETTLING_STEPS = 200
+
+
+def settling(optimizer: Any) -> bool:
+    """Whether `auto` (when `optimizer` runs it) has yet to settle on the plan that stays:
+    timed rounds must measure that plan, not its trials (Note [Measuring the close calls])."""
+    auto = getattr(optimizer, "auto", None)
+    return auto is not None and auto.deciding
+
+
 def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> None:
     """Steady-state step times. Each round ends with the candidate's pending work flushed (so
     the next candidate runs on a quiet network) and starts with one untimed step: that step has
     nothing in flight from before, so it pays for no earlier iteration's traffic. Every timed step
     then pays for exactly one earlier iteration, as in a long training run. Only end times are
     recorded here; `iteration_times` turns them into step times."""
+    counter = warmup
     for cand in candidates:
         for i in range(warmup):
             cand.step(i)
+        for i in range(warmup, warmup + MAX_SETTLING_STEPS):
+            if not settling(cand.optimizer):
+                break
+            cand.step(i)
+            counter = max(counter, i + 1)
         cand.finish()
-    counter = warmup
     for round_index in range(rounds):
         # A new order every round, the same on every rank (their collectives must pair up): a
         # slow phase of the machine must not fall on the same candidates round after round, nor

@@ -27,7 +27,7 @@ import commsched
 
 from ..outputs import OutputPathError, prepare_dir
 from .allocator import keep_freed_memory, page_faults
-from .compare import typed_command
+from .compare import MAX_SETTLING_STEPS, settling, typed_command
 from .models import ModelName, batch, build, loss_fn
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
@@ -150,8 +150,12 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
     for cand in candidates:
         for i in range(warmup):  # profiling steps, the re-plan, auto's 20-step check
             _step(cand, work, i, autocast)
+        for i in range(warmup, warmup + MAX_SETTLING_STEPS):  # auto's trials
+            if not settling(cand.optimizer):
+                break
+            _step(cand, work, i, autocast)
         getattr(cand.optimizer, "flush", lambda: None)()
-    counter = warmup
+    counter = warmup + MAX_SETTLING_STEPS
     order = random.Random(0)
     for _ in range(rounds):
         # A new order each round: a slow phase of the machine must not fall on the same

@@ -31,7 +31,7 @@ from ..sim import FittedNetwork, RunProfile, profile_from_document
 from ..sim.compressed import CompressedRun
 from ..sim.overlap import with_update_groups
 from ..world import World, check_identical
-from .auto import AutoState
+from .auto import AutoState, Verdict
 from .compressed import CompressedGradients
 from .engine import EngineHandle
 from .overlap import OverlapRunner
@@ -171,14 +171,16 @@ class PlanLifecycle:
         if auto is not None:
             now = time.perf_counter()
             if self._last_end is not None and auto.record(now - self._last_end):
-                measured = self._world.broadcast_object(auto.local_median())
-                if auto.conclude(measured):
+                verdict = auto.conclude(self._world.broadcast_object(auto.local_median()))
+                if verdict is Verdict.REPLAN:
                     self.replan()
+                elif verdict is Verdict.INSTALL:
+                    self._install_choice()
             self._last_end = time.perf_counter()
         if iteration == self.replan_at:
             self.replan()
         settled = (self.replan_at is None or iteration >= self.replan_at) \
-            and (auto is None or auto.measured_s is not None)
+            and (auto is None or not auto.deciding)
         if not settled:
             self._settled_at = None
             every = 1
@@ -226,9 +228,15 @@ class PlanLifecycle:
         document = with_world_compute(document, world)
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
         overlap_allowed = self._runner is not None and self._world.size > 1
-        chosen = self.auto.choose(document, self._config, overlap_allowed,
-                                  self._run_of(document)[1])
+        self.auto.choose(document, self._config, overlap_allowed, self._run_of(document)[1])
         self.write_profile(document)
+        self._install_choice()
+
+    def _install_choice(self) -> None:
+        """Installs the plan `auto` has chosen now (its choice, a runner-up it measures, or the
+        measured-fastest), with its credit and its mode of the overlap runner."""
+        assert self.auto is not None and self.auto.chosen is not None
+        chosen = self.auto.chosen
         self.install(chosen.plan)
         self.set_credit(int(chosen.knobs.get("credit_bytes", self._config.credit_bytes)))
         if self._runner is not None:

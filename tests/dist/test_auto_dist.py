@@ -1,6 +1,7 @@
 """The `auto` policy on 2 Gloo ranks: every rank installs the same simulated-fastest plan, the
-prediction is compared with the measured median after 20 steps, and training equals a
-single-process reference that averages both ranks' gradients."""
+prediction is compared with the measured median after 20 steps, close runners-up are measured
+and the measured-fastest stays, and training, trials included, equals a single-process
+reference that averages both ranks' gradients."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import torch
 from helpers import distributed_test
 from torch import nn
 
-STEPS = 3 + 1 + 20 + 2  # profiling, the re-plan step, the measured window, and a few more
+from commsched.runtime.auto import TRIAL_WINDOW, measured_fastest
+
+# Profiling, the re-plan step, the measured windows (the choice, the one re-plan's choice, two
+# trials), and a few more.
+STEPS = 3 + 1 + 4 * 20 + 2
 
 
 def _model() -> nn.Module:
@@ -58,12 +63,24 @@ def test_auto_installs_one_plan_everywhere_and_trains_like_the_reference() -> No
         summary = first["summary"]
         assert summary["policy"] == second["summary"]["policy"]
         ranked = [policy for policy, _, _ in summary["ranking"]]
-        assert summary["policy"] == ranked[0] and summary["predicted_s"] > 0
-        first_choice = summary["history"][0]
-        assert first_choice["measured_s"] is not None and first_choice["measured_s"] > 0
+        assert summary["predicted_s"] > 0 and summary["measured_s"] is not None
+        history = summary["history"]
+        first_choice = history[0]
+        assert first_choice["why"] == "choice" and first_choice["measured_s"] > 0
         error = abs(first_choice["measured_s"] - first_choice["predicted_s"]) / first_choice["predicted_s"]
         assert summary["replanned"] == (error > 0.2)  # the one re-plan, exactly when 20% off
-        assert len(summary["history"]) == (2 if summary["replanned"] else 1)
+        choices = [i for i, h in enumerate(history) if h["why"] == "choice"]
+        assert len(choices) == (2 if summary["replanned"] else 1)
+        last = history[choices[-1]:]  # the last choice, its trials, and the plan that stays
+        assert last[0]["policy"] == ranked[0]
+        trials = [h for h in last if h["why"] == "trial"]
+        assert len(trials) <= 2 and len({h["policy"] for h in trials}) == len(trials)
+        for trial in trials:  # another policy, a close call
+            assert trial["policy"] != last[0]["policy"] and trial["measured_s"] > 0
+            assert trial["predicted_s"] <= last[0]["predicted_s"] * (1 + TRIAL_WINDOW)
+        measured = {i: h["measured_s"] for i, h in enumerate(last) if h["why"] != "kept"}
+        kept = last[measured_fastest(measured, leader=0)]
+        assert (summary["policy"], summary["knobs"]) == (kept["policy"], kept["knobs"])
         predictions = [t for _, _, t in summary["ranking"]]
         assert predictions == sorted(predictions)
         overlap = {"bytescheduler", "prophet", "dear"}

@@ -1,11 +1,20 @@
 """`auto`'s choice between an overlap plan and a synchronous one (Note [Overlap must win by a
-margin] in commsched/runtime/auto.py): pure, on hand-made rankings."""
+margin] in commsched/runtime/auto.py) and its trials of close runners-up (Note [Measuring the
+close calls]): pure, on hand-made rankings."""
 
 from __future__ import annotations
 
 from commsched.config import Policy
 from commsched.plan import Plan
-from commsched.runtime.auto import OVERLAP_MARGIN, prefer_synchronous
+from commsched.runtime.auto import (
+    OVERLAP_MARGIN,
+    SWITCH_MARGIN,
+    AutoState,
+    Verdict,
+    measured_fastest,
+    prefer_synchronous,
+    runners_up,
+)
 from commsched.sim import Ranked
 
 
@@ -43,3 +52,57 @@ def test_rankings_without_a_choice_between_modes_are_left_alone() -> None:
     assert prefer_synchronous(sync_first) == sync_first
     assert prefer_synchronous(only_overlap) == only_overlap
     assert prefer_synchronous([]) == []
+
+
+# Note [Measuring the close calls]: which runners-up are measured, and which plan stays.
+
+def test_runners_up_are_the_best_of_each_other_policy_within_the_window() -> None:
+    candidates = ranked(("bytescheduler", 1.00), ("bytescheduler", 1.01), ("prophet", 1.02),
+                        ("prophet", 1.03), ("dear", 1.12), ("horovod", 1.30))
+    assert runners_up(candidates, trials=2) == [2, 4]
+    assert runners_up(candidates, trials=1) == [2]
+    assert runners_up(candidates, trials=0) == []
+    assert runners_up(candidates, trials=5) == [2, 4]  # horovod is 30% behind: not a close call
+    assert runners_up([], trials=2) == []
+
+
+def test_a_runner_up_must_beat_the_leader_by_the_margin() -> None:
+    assert measured_fastest({0: 1.0, 2: 1.0 * (1 - SWITCH_MARGIN * 0.5)}, leader=0) == 0
+    assert measured_fastest({0: 1.0, 2: 0.95, 4: 0.90}, leader=0) == 4
+    assert measured_fastest({0: 1.0}, leader=0) == 0
+
+
+def _state(*entries: tuple[str, float], trials: int = 2) -> AutoState:
+    state = AutoState()
+    state.choices, state.trials = ranked(*entries), trials
+    state._move_to(0, "choice")
+    return state
+
+
+def test_auto_measures_its_runners_up_and_keeps_the_fastest() -> None:
+    # The 3-rank CNN's case: dear predicted 12% behind bytescheduler, measured 5% ahead.
+    state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509), ("horovod", 0.60))
+    assert state.conclude(0.462) is Verdict.INSTALL  # within 20%: no re-plan; first runner-up
+    assert state.chosen is not None and state.chosen.policy.value == "prophet" and state.deciding
+    assert state.conclude(0.463) is Verdict.INSTALL
+    assert state.chosen.policy.value == "dear" and state.deciding
+    assert state.conclude(0.441) is Verdict.KEEP  # the last trial is the fastest: it stays
+    assert state.chosen.policy.value == "dear" and not state.deciding
+    assert [h["why"] for h in state.history] == ["choice", "trial", "trial"]
+
+
+def test_auto_goes_back_to_its_choice_when_no_runner_up_beats_it() -> None:
+    state = _state(("dear", 0.30), ("bytescheduler", 0.31), ("horovod", 0.33))
+    assert state.conclude(0.30) is Verdict.INSTALL
+    assert state.conclude(0.31) is Verdict.INSTALL
+    assert state.conclude(0.33) is Verdict.INSTALL
+    assert state.chosen is not None and state.chosen.policy.value == "dear"
+    assert not state.deciding and state.measured_s == 0.30
+    assert state.history[-1]["why"] == "kept" and state.record(0.1) is False  # nothing more
+
+
+def test_a_prediction_far_off_is_re_planned_before_any_trial() -> None:
+    state = _state(("dear", 0.30), ("bytescheduler", 0.31))
+    assert state.conclude(0.40) is Verdict.REPLAN and state.replanned
+    state = _state(("horovod", 0.30), ("mgwfbp", 0.31), trials=0)
+    assert state.conclude(0.30) is Verdict.KEEP  # auto_trials=0: the prediction decides
