@@ -7,13 +7,16 @@ from __future__ import annotations
 from commsched.config import Policy
 from commsched.plan import Plan
 from commsched.runtime.auto import (
+    CHECK_STEPS,
     OVERLAP_MARGIN,
     SWITCH_MARGIN,
+    TRIAL_STEPS,
     AutoState,
     Verdict,
     measured_fastest,
     prefer_synchronous,
     runners_up,
+    trial_schedule,
 )
 from commsched.sim import Ranked
 
@@ -72,6 +75,12 @@ def test_a_runner_up_must_beat_the_leader_by_the_margin() -> None:
     assert measured_fastest({0: 1.0}, leader=0) == 0
 
 
+def test_trial_windows_interleave_the_choice_and_its_runners_up() -> None:
+    assert trial_schedule([2, 4], rounds=3) == [2, 4, 0, 2, 4, 0, 2, 4]
+    assert trial_schedule([3], rounds=2) == [3, 0, 3]
+    assert trial_schedule([], rounds=3) == []
+
+
 def _state(*entries: tuple[str, float], trials: int = 2) -> AutoState:
     state = AutoState()
     state.choices, state.trials = ranked(*entries), trials
@@ -79,30 +88,52 @@ def _state(*entries: tuple[str, float], trials: int = 2) -> AutoState:
     return state
 
 
-def test_auto_measures_its_runners_up_and_keeps_the_fastest() -> None:
-    # The 3-rank CNN's case: dear predicted 12% behind bytescheduler, measured 5% ahead.
+def _run_windows(state: AutoState, seconds_of: dict[str, list[float]]) -> list[Verdict]:
+    """Concludes every window with the next figure of the installed plan's policy."""
+    verdicts = []
+    while state.deciding:
+        assert state.chosen is not None
+        choice = state.history[-1]["why"] == "choice"
+        assert state.window == (CHECK_STEPS if choice else TRIAL_STEPS)
+        for _ in range(state.window):
+            state.record(1.0)
+        verdicts.append(state.conclude(seconds_of[state.chosen.policy.value].pop(0)))
+    return verdicts
+
+
+def test_auto_measures_its_runners_up_interleaved_and_keeps_the_fastest() -> None:
+    # The 3-rank CNN's case: dear predicted 12% behind bytescheduler, measured 5% ahead; one
+    # slow window of dear's (0.60) does not decide, the median of its three does.
     state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509), ("horovod", 0.60))
-    assert state.conclude(0.462) is Verdict.INSTALL  # within 20%: no re-plan; first runner-up
-    assert state.chosen is not None and state.chosen.policy.value == "prophet" and state.deciding
-    assert state.conclude(0.463) is Verdict.INSTALL
-    assert state.chosen.policy.value == "dear" and state.deciding
-    assert state.conclude(0.441) is Verdict.KEEP  # the last trial is the fastest: it stays
-    assert state.chosen.policy.value == "dear" and not state.deciding
-    assert [h["why"] for h in state.history] == ["choice", "trial", "trial"]
-
-
-def test_auto_goes_back_to_its_choice_when_no_runner_up_beats_it() -> None:
-    state = _state(("dear", 0.30), ("bytescheduler", 0.31), ("horovod", 0.33))
-    assert state.conclude(0.30) is Verdict.INSTALL
-    assert state.conclude(0.31) is Verdict.INSTALL
-    assert state.conclude(0.33) is Verdict.INSTALL
+    windows = {"bytescheduler": [0.462, 0.460, 0.465], "prophet": [0.463, 0.466, 0.470],
+               "dear": [0.60, 0.441, 0.440]}
+    verdicts = _run_windows(state, windows)
+    # Eight windows end in another plan's install; the last ran dear, which stays as it is.
+    assert verdicts == [Verdict.INSTALL] * 8 + [Verdict.KEEP]
+    policies = [h["policy"] for h in state.history]
+    assert policies == ["bytescheduler", "prophet", "dear", "bytescheduler", "prophet", "dear",
+                        "bytescheduler", "prophet", "dear", "dear"]
+    assert [h["why"] for h in state.history][-1] == "kept"
     assert state.chosen is not None and state.chosen.policy.value == "dear"
-    assert not state.deciding and state.measured_s == 0.30
-    assert state.history[-1]["why"] == "kept" and state.record(0.1) is False  # nothing more
+    assert not state.deciding and state.measured_s == 0.441
+    assert state.history[1]["predicted_s"] == 0.456  # each window carries its own prediction
+
+
+def test_auto_keeps_its_choice_when_no_runner_up_beats_it_by_the_margin() -> None:
+    state = _state(("dear", 0.30), ("bytescheduler", 0.31), ("horovod", 0.33))
+    windows = {"dear": [0.300, 0.310, 0.305], "bytescheduler": [0.298, 0.302, 0.301],
+               "horovod": [0.29, 0.33, 0.33]}
+    verdicts = _run_windows(state, windows)
+    assert state.chosen is not None and state.chosen.policy.value == "dear"
+    assert verdicts[-1] is Verdict.INSTALL  # the last window ran horovod
+    assert not state.deciding and state.measured_s == 0.305
+    assert state.record(0.1) is False  # nothing more to measure
 
 
 def test_a_prediction_far_off_is_re_planned_before_any_trial() -> None:
     state = _state(("dear", 0.30), ("bytescheduler", 0.31))
     assert state.conclude(0.40) is Verdict.REPLAN and state.replanned
     state = _state(("horovod", 0.30), ("mgwfbp", 0.31), trials=0)
-    assert state.conclude(0.30) is Verdict.KEEP  # auto_trials=0: the prediction decides
+    assert state.conclude(0.30) is Verdict.KEEP and not state.deciding  # the prediction decides
+    state = _state(("horovod", 0.30), ("mgwfbp", 0.40))  # no runner-up within the window
+    assert state.conclude(0.30) is Verdict.KEEP and not state.deciding
