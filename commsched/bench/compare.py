@@ -134,6 +134,16 @@ def settling(optimizer: Any) -> bool:
     return auto is not None and auto.deciding
 
 
+def step_until_settled(optimizer: Any, step: Callable[[int], None], first: int) -> int:
+    """Steps on, untimed, from step index `first` while `optimizer`'s `auto` is settling (at
+    most MAX_SETTLING_STEPS); returns the index of the next step."""
+    index = first
+    while index < first + MAX_SETTLING_STEPS and settling(optimizer):
+        step(index)
+        index += 1
+    return index
+
+
 def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> None:
     """Steady-state step times. Each round ends with the candidate's pending work flushed (so
     the next candidate runs on a quiet network) and starts with one untimed step: that step has
@@ -144,11 +154,7 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
     for cand in candidates:
         for i in range(warmup):
             cand.step(i)
-        for i in range(warmup, warmup + MAX_SETTLING_STEPS):
-            if not settling(cand.optimizer):
-                break
-            cand.step(i)
-            counter = max(counter, i + 1)
+        counter = max(counter, step_until_settled(cand.optimizer, cand.step, warmup))
         cand.finish()
     for round_index in range(rounds):
         # A new order every round, the same on every rank (their collectives must pair up): a

@@ -10,6 +10,7 @@ is that over the plain optimizer's. A second plain optimizer (the control) shows
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -27,7 +28,7 @@ import commsched
 
 from ..outputs import OutputPathError, prepare_dir
 from .allocator import keep_freed_memory, page_faults
-from .compare import MAX_SETTLING_STEPS, settling, typed_command
+from .compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
 from .models import ModelName, batch, build, loss_fn
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
@@ -150,10 +151,8 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
     for cand in candidates:
         for i in range(warmup):  # profiling steps, the re-plan, auto's 20-step check
             _step(cand, work, i, autocast)
-        for i in range(warmup, warmup + MAX_SETTLING_STEPS):  # auto's trials
-            if not settling(cand.optimizer):
-                break
-            _step(cand, work, i, autocast)
+        step_until_settled(cand.optimizer, functools.partial(_step, cand, work, autocast=autocast),
+                           warmup)
         getattr(cand.optimizer, "flush", lambda: None)()
     counter = warmup + MAX_SETTLING_STEPS
     order = random.Random(0)

@@ -214,9 +214,9 @@ class AutoState:
             self._move_to(self.pending.pop(0), "trial", window=TRIAL_STEPS)
             return Verdict.INSTALL
         measured = {i: statistics.median(w) for i, w in self.windows.items()}
-        best = measured_fastest(measured, leader=0)
         if len(measured) == 1:
             return Verdict.KEEP  # nothing was close: the choice's own check stands
+        best = measured_fastest(measured, leader=0)
         installed = best == self.current
         self._move_to(best, "kept", measured[best])
         log.info("commsched auto: keeps %s %s (%s)", self.choices[best].policy.value,
