@@ -111,9 +111,9 @@ KNOBS: tuple[Knob, ...] = (
          "policy's plan is built after them (`ddp` rebuilds after its first step instead).",
          minimum=0, maximum=10_000),
     Knob("auto_trials", Kind.COUNT, 2, "`auto`: after its choice has run 20 steps, this many "
-         "runners-up of other policies (predicted within 15% of it) and the choice run three "
-         "interleaved windows of 10 steps each, and the measured-fastest stays (0: the "
-         "prediction alone decides).", minimum=0, maximum=16),
+         "runners-up of other policies (predicted within 15% of it, one per schedule) and the "
+         "choice run four interleaved windows of 10 steps each, and the measured-fastest stays "
+         "(0: the prediction alone decides).", minimum=0, maximum=16),
     Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
          "fitted from the profiled collectives.", minimum=0, maximum=10),
     Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "

@@ -51,18 +51,25 @@ OVERLAP_MARGIN = 0.05
 # settled by measuring, as cuDNN's benchmark mode and DeepSpeed's autotuner do: after the
 # choice's CHECK_STEPS, up to `auto_trials` runners-up of other policies predicted within
 # TRIAL_WINDOW of it are measured, and the plan with the lowest measured time stays.
-# The measuring is interleaved, as the benchmarks' rounds are: TRIAL_ROUNDS rounds of
-# TRIAL_STEPS steps of each runner-up and the choice, each plan's figure the median of its
-# windows' medians. Back to back, one 20-step window per plan, a slow phase of the machine falls
-# on one plan alone: unshaped, 2 ranks, the CNN, where the commsched candidates measured 53.6-
-# 56.8 ms over the whole job and one step's time spread 50-71 ms (p10-p90), `auto` kept
-# bytescheduler on such windows and ran 1.08x the fastest candidate. A runner-up must also beat
-# the choice by SWITCH_MARGIN (the benchmarks' tolerance for `auto`): a smaller gain is not
-# worth trusting a measurement for.
-# Trials run once per choice, in the first hundred-odd steps of training; the plans they run
-# are correct plans, only possibly slower ones.
+# * Interleaved, as the benchmarks' rounds are: TRIAL_ROUNDS rounds of TRIAL_STEPS steps of each
+#   runner-up and of the choice, each plan's figure the median of its windows' medians. Back to
+#   back, one 20-step window per plan, a slow phase of the machine falls on one plan alone:
+#   unshaped, 2 ranks, the CNN, where one step's time spread 50-71 ms (p10-p90), `auto` kept
+#   bytescheduler on such windows and ran 1.08x the fastest candidate.
+# * The choice's CHECK_STEPS window is not one of its trial windows: it runs first, right after
+#   the profiling steps, while the process still warms up (unshaped, the Transformer: mgwfbp's
+#   check measured 314.8 ms, its two trial windows 308.0 and 288.4, and the slow check counted
+#   against it).
+# * One schedule is measured once: prophet and bytescheduler often plan the same partitions in
+#   the same order, and a second policy with the choice's or a runner-up's very blocks, groups,
+#   mode and credit gives its place to the next policy (unshaped, the Transformer: both took
+#   the two places, and ddp, the fastest there in most runs, was never measured).
+# A runner-up must also beat the choice by SWITCH_MARGIN (the benchmarks' tolerance for
+# `auto`): a smaller gain is not worth trusting a measurement for. Trials run once per choice,
+# in the first hundred-odd steps of training; the plans they run are correct plans, only
+# possibly slower ones.
 TRIAL_WINDOW = 0.15
-TRIAL_ROUNDS = 3
+TRIAL_ROUNDS = 4
 TRIAL_STEPS = 10
 SWITCH_MARGIN = 0.02
 
@@ -75,29 +82,43 @@ class Verdict(Enum):
     INSTALL = "install"  # install `chosen` (a plan to measure, or the measured-fastest)
 
 
+def same_schedule(a: Ranked, b: Ranked) -> bool:
+    """Whether two candidates run alike whatever their policies are called: the same blocks in
+    the same order, the same update groups, mode and credit."""
+    return (a.policy.overlaps_iterations == b.policy.overlaps_iterations
+            and a.knobs.get("credit_bytes") == b.knobs.get("credit_bytes")
+            and a.plan.blocks == b.plan.blocks and a.plan.update_groups == b.plan.update_groups)
+
+
 def runners_up(ranked: list[Ranked], trials: int, window: float = TRIAL_WINDOW) -> list[int]:
     """Indices into `ranked` of the candidates to measure after `ranked[0]`: the best-ranked
-    one of each other policy predicted within `window` of it, at most `trials`."""
+    one of each other policy predicted within `window` of it, at most `trials`; a policy whose
+    best runs a schedule already picked is covered by it (Note [Measuring the close calls])."""
     if not ranked:
         return []
     seen = {ranked[0].policy}
+    picked = [ranked[0]]
     limit = ranked[0].predicted_s * (1.0 + window)
     out: list[int] = []
     for index, candidate in enumerate(ranked[1:], start=1):
         if len(out) == trials:
             break
-        if candidate.policy not in seen and candidate.predicted_s <= limit:
-            seen.add(candidate.policy)
+        if candidate.policy in seen or candidate.predicted_s > limit:
+            continue
+        seen.add(candidate.policy)
+        if not any(same_schedule(candidate, other) for other in picked):
+            picked.append(candidate)
             out.append(index)
     return out
 
 
 def trial_schedule(runners: list[int], rounds: int = TRIAL_ROUNDS) -> list[int]:
     """The order of the trial windows after the choice's (index 0) own check: every runner-up,
-    then the choice and every runner-up again, until each has `rounds` windows."""
+    then the choice, `rounds` times over (the last window runs the choice, which then stays
+    installed if it is kept)."""
     if not runners:
         return []
-    return runners + ([0] + runners) * (rounds - 1)
+    return (runners + [0]) * rounds
 
 
 def measured_fastest(measured: dict[int, float], leader: int,
@@ -204,18 +225,19 @@ class AutoState:
                  1e3 * measured_s, self.window, 1e3 * self.predicted_s, 100 * error)
         if not self.choices:  # restored from a checkpoint: the ranking was not saved
             return Verdict.KEEP
-        self.windows.setdefault(self.current, []).append(measured_s)
-        if self.pending is None:
+        if self.pending is None:  # the choice's check: not a trial window (the Note says why)
             if error > TOLERANCE and not self.replanned:
                 self.replanned = True
                 return Verdict.REPLAN
             self.pending = trial_schedule(runners_up(self.choices, self.trials))
+            if not self.pending:
+                return Verdict.KEEP  # nothing was close: the choice's own check stands
+        else:
+            self.windows.setdefault(self.current, []).append(measured_s)
         if self.pending:
             self._move_to(self.pending.pop(0), "trial", window=TRIAL_STEPS)
             return Verdict.INSTALL
         measured = {i: statistics.median(w) for i, w in self.windows.items()}
-        if len(measured) == 1:
-            return Verdict.KEEP  # nothing was close: the choice's own check stands
         best = measured_fastest(measured, leader=0)
         installed = best == self.current
         self._move_to(best, "kept", measured[best])
