@@ -122,8 +122,9 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
     return out
 
 
-# At most this many steps beyond --warmup while `auto` is still measuring (its choice, its re-plan
-# and its trials take 20 steps each): a cap, so that a bug cannot make a benchmark run forever.
+# At most this many steps beyond --warmup while `auto` is still measuring (its choice's and its
+# re-plan's checks take 20 steps each, two runners-up's trials with the choice 3 x 4 x 10): a
+# cap, so that a bug cannot make a benchmark run forever.
 MAX_SETTLING_STEPS = 200
 
 

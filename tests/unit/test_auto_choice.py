@@ -170,3 +170,25 @@ def test_a_prediction_far_off_is_re_planned_before_any_trial() -> None:
     assert state.conclude(0.30) is Verdict.KEEP and not state.deciding  # the prediction decides
     state = _state(("horovod", 0.30), ("mgwfbp", 0.40))  # no runner-up within the window
     assert state.conclude(0.30) is Verdict.KEEP and not state.deciding
+
+
+def test_after_a_re_plan_the_new_choice_is_checked_once_and_its_runners_up_measured() -> None:
+    state = _state(("dear", 0.30), ("bytescheduler", 0.31))
+    assert state.conclude(0.40) is Verdict.REPLAN
+    # The re-plan's ranking (from the new profile): no second re-plan, however far off.
+    state.choices = ranked(("horovod", 0.40), ("mgwfbp", 0.41))
+    state.pending, state.windows = None, {}
+    state._move_to(0, "choice")
+    verdicts = _run_windows(state, {"horovod": [0.60, 0.40, 0.40, 0.40, 0.40],
+                                    "mgwfbp": [0.35, 0.35, 0.35, 0.35]})
+    assert verdicts[0] is Verdict.INSTALL and state.replanned
+    assert state.chosen is not None and state.chosen.policy.value == "mgwfbp"
+    assert verdicts[-1] is Verdict.INSTALL and state.measured_s == 0.35
+
+
+def test_a_state_restored_from_a_checkpoint_keeps_its_plan() -> None:
+    state = AutoState()
+    state.choices = []
+    state.predicted_s = 0.30  # what the checkpoint saved; the ranking was not saved
+    assert state.deciding
+    assert state.conclude(0.50) is Verdict.KEEP and not state.deciding
