@@ -187,8 +187,9 @@ def test_after_a_re_plan_the_new_choice_is_checked_once_and_its_runners_up_measu
 
 
 def test_a_state_restored_from_a_checkpoint_keeps_its_plan() -> None:
-    state = AutoState()
-    state.choices = []
-    state.predicted_s = 0.30  # what the checkpoint saved; the ranking was not saved
+    # What a checkpoint taken during a trial window saves (runtime/checkpoint.py); the ranking
+    # is not saved, so the plan the checkpoint holds stays.
+    state = AutoState(predicted_s=0.30, history=[
+        {"policy": "dear", "knobs": {}, "predicted_s": 0.30, "measured_s": None, "why": "trial"}])
     assert state.deciding
     assert state.conclude(0.50) is Verdict.KEEP and not state.deciding
