@@ -78,10 +78,13 @@ def _verdict_line(verdict: dict) -> str:
         f"commsched candidate ({verdict['measured_fastest_ms']:.1f} ms): within 2%: "
         f"{'yes' if verdict['auto_within_tolerance'] else 'no'}")
     who = f"`{verdict['auto']}`" if "?" in verdict.get("auto", "") else "`auto`"
+    trials = verdict.get("auto_trials") or {}
+    measured = "" if not trials else "; its trial windows (ms): " + ", ".join(
+        f"{plan} {'/'.join(f'{ms:.1f}' for ms in windows)}" for plan, windows in trials.items())
     return (f"\n{who} picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
             f"{'-' if predicted is None else f'{predicted:.1f} ms'}); measured fastest commsched "
             f"candidate: {verdict['measured_fastest']}; picked the fastest policy: "
-            f"{'yes' if verdict['picked_fastest'] else 'no'}{against}\n")
+            f"{'yes' if verdict['picked_fastest'] else 'no'}{against}{measured}\n")
 
 
 def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:

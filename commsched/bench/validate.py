@@ -97,7 +97,19 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
             "measured_fastest_ms": measured[fastest] if fastest is not None else None,
             "picked_fastest": fastest_policy == auto_summary.get("policy"),
             "auto_median_ms": own, "auto_vs_fastest": ratio,
-            "auto_within_tolerance": ratio is not None and ratio <= 1 + AUTO_TOLERANCE}
+            "auto_within_tolerance": ratio is not None and ratio <= 1 + AUTO_TOLERANCE,
+            "auto_trials": trial_windows_ms(auto_summary.get("history", []))}
+
+
+def trial_windows_ms(history: list[dict]) -> dict[str, list[float]]:
+    """Per plan `auto` measured in its trials (Note [Measuring the close calls]), its windows'
+    medians in ms, in the order they ran: what its choice rested on."""
+    windows: dict[str, list[float]] = {}
+    for entry in history:
+        if entry.get("why") == "trial" and entry.get("measured_s") is not None:
+            windows.setdefault(f"{entry['policy']} {entry['knobs']}", []).append(
+                round(1e3 * entry["measured_s"], 1))
+    return windows
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -133,6 +133,27 @@ def test_auto_verdict_weighs_autos_own_median_against_the_fastest() -> None:
     verdict = auto_verdict(rows, "commsched:auto", summary)
     assert not verdict["auto_within_tolerance"]
     assert "within 2%: no" in auto_line(verdict)
+    assert "trial windows" not in auto_line(verdict)  # no trials in its history
+
+
+def test_auto_verdict_shows_the_trial_windows_autos_choice_rested_on() -> None:
+    from commsched.bench.compare_report import auto_line
+    from commsched.bench.validate import auto_verdict
+
+    def window(policy: str, seconds: float | None, why: str = "trial") -> dict:
+        return {"policy": policy, "knobs": {}, "predicted_s": 0.1, "measured_s": seconds,
+                "why": why}
+
+    history = [window("dear", 0.130, "choice"), window("horovod", 0.1104), window("dear", 0.1001),
+               window("horovod", 0.1112), window("dear", 0.0995), window("dear", 0.1, "kept")]
+    rows = [{"name": "commsched:horovod", "median_ms": 110.0},
+            {"name": "commsched:auto", "median_ms": 100.0}]
+    verdict = auto_verdict(rows, "commsched:auto", {"policy": "dear", "knobs": {},
+                                                    "history": history})
+    # The choice's check (130 ms) and the closing entry are no trial windows.
+    assert verdict["auto_trials"] == {"horovod {}": [110.4, 111.2], "dear {}": [100.1, 99.5]}
+    assert "its trial windows (ms): horovod {} 110.4/111.2, dear {} 100.1/99.5" in \
+        auto_line(verdict)
 
 
 def test_each_compressed_auto_is_weighed_against_its_own_compressor() -> None:
