@@ -17,7 +17,8 @@ PROFILE_STEPS = 2
 
 def _model() -> nn.Module:
     torch.manual_seed(8)
-    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 2))
+    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 2))
 
 
 def _train(policy: str, path: str, resume: bool) -> dict:
@@ -51,7 +52,8 @@ def _train(policy: str, path: str, resume: bool) -> dict:
     return out
 
 
-@pytest.mark.parametrize(("policy", "ranks"), [("horovod", 2), ("bytescheduler", 2), ("prophet", 3)])
+@pytest.mark.parametrize(("policy", "ranks"),
+                         [("horovod", 2), ("bytescheduler", 2), ("prophet", 3)])
 def test_resumed_run_is_bit_identical(policy: str, ranks: int, tmp_path) -> None:
     path = str(tmp_path / "ckpt.rank{rank}.pt")
     whole = distributed_test(_train, ranks, timeout=120, args=(policy, path, False))

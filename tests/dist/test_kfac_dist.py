@@ -49,7 +49,8 @@ def _train(variant: str, world: int, rank: int, distributed: bool) -> dict:
     for step in range(STEPS):
         x, y = _batch(step, PER_RANK * world)
         if distributed:
-            x, y = x[rank * PER_RANK:(rank + 1) * PER_RANK], y[rank * PER_RANK:(rank + 1) * PER_RANK]
+            mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+            x, y = x[mine], y[mine]
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         if wrapped is not None:
@@ -166,7 +167,8 @@ def _skipping(decay: float) -> dict:
     precond = KFACPreconditioner(model, factor_decay=decay, local_threshold=0)
     expected = None
     for step in range(3):
-        x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10 * step + rank))
+        x = torch.randn(6, 4, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(10 * step + rank))
         opt.zero_grad()
         if step == 2 and rank == 1:
             pass  # nothing runs here; synchronize() sends zeros for every gradient
@@ -188,7 +190,8 @@ def _skipping(decay: float) -> dict:
             got = after.clone()
         with opt.skip_synchronize():
             opt.step()
-    out = {"head_a": got, "expected": expected, "params": [p.detach().clone() for p in model.parameters()]}
+    out = {"head_a": got, "expected": expected,
+           "params": [p.detach().clone() for p in model.parameters()]}
     precond.shutdown()
     return out
 

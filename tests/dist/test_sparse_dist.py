@@ -62,8 +62,8 @@ def _job() -> dict:
     for policy in ("horovod", "bytescheduler"):
         sparse, seen = _train(policy, False, rank)
         dense, _ = _train("horovod", True, rank)
-        out[policy] = {"diff": max(float((a - b).abs().max()) for a, b in zip(sparse, dense, strict=True)),
-                       "seen": seen}
+        diff = max(float((a - b).abs().max()) for a, b in zip(sparse, dense, strict=True))
+        out[policy] = {"diff": diff, "seen": seen}
     return out
 
 
