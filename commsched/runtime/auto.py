@@ -176,13 +176,18 @@ class AutoState:
                                                     cfg, overlap_allowed, compressed))
         if not ranked:
             raise RuntimeError("commsched: policy 'auto' found no plan to simulate")
-        self.choices, self.trials = ranked, cfg.auto_trials
-        self.pending, self.windows = None, {}
-        self._move_to(0, "choice")
+        self.start(ranked, cfg.auto_trials)
         log.info("commsched auto: predicted %.1f ms for %s %s (next: %s)",
                  1e3 * ranked[0].predicted_s, ranked[0].policy.value, ranked[0].knobs,
                  ", ".join(f"{r.policy.value} {1e3 * r.predicted_s:.1f} ms" for r in ranked[1:4]))
         return ranked[0]
+
+    def start(self, ranked: list[Ranked], trials: int) -> None:
+        """Installs `ranked[0]` as the choice to check, with no trial drawn up or measured yet
+        (a re-plan starts over from its new ranking)."""
+        self.choices, self.trials = ranked, trials
+        self.pending, self.windows = None, {}
+        self._move_to(0, "choice")
 
     def _move_to(self, index: int, why: str, measured_s: float | None = None,
                  window: int = CHECK_STEPS) -> None:

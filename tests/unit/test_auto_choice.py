@@ -104,8 +104,7 @@ def test_a_policy_planning_a_schedule_already_picked_gives_its_place_to_the_next
 
 def _state(*entries: tuple[str, float], trials: int = 2) -> AutoState:
     state = AutoState()
-    state.choices, state.trials = ranked(*entries), trials
-    state._move_to(0, "choice")
+    state.start(ranked(*entries), trials)
     return state
 
 
@@ -176,9 +175,7 @@ def test_after_a_re_plan_the_new_choice_is_checked_once_and_its_runners_up_measu
     state = _state(("dear", 0.30), ("bytescheduler", 0.31))
     assert state.conclude(0.40) is Verdict.REPLAN
     # The re-plan's ranking (from the new profile): no second re-plan, however far off.
-    state.choices = ranked(("horovod", 0.40), ("mgwfbp", 0.41))
-    state.pending, state.windows = None, {}
-    state._move_to(0, "choice")
+    state.start(ranked(("horovod", 0.40), ("mgwfbp", 0.41)), trials=2)
     verdicts = _run_windows(state, {"horovod": [0.60, 0.40, 0.40, 0.40, 0.40],
                                     "mgwfbp": [0.35, 0.35, 0.35, 0.35]})
     assert verdicts[0] is Verdict.INSTALL and state.replanned
