@@ -4,10 +4,11 @@
 # commsched candidate's plan is simulated from its own profile as it stands at the end of the
 # run and set beside the measured median. 3 rounds of 8 steps: with 2, the 2 Gbit/s CNN's
 # overlap candidates measured 11-18% above their predictions in one run, and bytescheduler 10%
-# below its own in the next. Writes benchmarks/sim_validation/<model>-<rate>/results.* and
-# README.md. REPORT_ONLY=1 rebuilds README.md from the results already there (after
-# scripts/bench_compression_speed.sh re-ran, whose runs its last section validates), running
-# nothing.
+# below its own in the next. Writes benchmarks/sim_validation/<model>-<rate>/results.* (and
+# predict/: what each prediction was made from, so that a change to the fit or the simulator
+# can be checked on these runs) and README.md. REPORT_ONLY=1 rebuilds README.md from the
+# results already there (after scripts/bench_compression_speed.sh re-ran, whose runs its last
+# section validates), running nothing.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -29,14 +30,14 @@ for rate in $RATES; do
     [ "${REPORT_ONLY:-0}" = 1 ] && continue
     scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
       --model "$1" --batch-size "$2" --rounds "${ROUNDS:-3}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
-      --predict --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
+      --predict-dir "$dir/predict" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | rank0_stdout
   done
 done
 {
   echo "# Simulator validation: predicted vs measured iteration time, 2 ranks (and 3 on the CNN at $THREE_RANKS_RATE)"
   echo
-  echo "Command: \`RATES=\"$RATES\" THREE_RANKS_RATE=$THREE_RANKS_RATE scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run, the world's (the collectives of the rank the others waited for, whose took the least time in all, and each gradient ready when the last rank had it, iteration by iteration: Note [The rank the others wait for] and Note [Every rank's gradients] in \`runtime/world_profile.py\`; the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); 28 warm-up steps per candidate cover its profiling steps and its 20-step check, and \`auto\` steps on, untimed, until its re-plan and trials of close runners-up are over."
+  echo "Command: \`RATES=\"$RATES\" THREE_RANKS_RATE=$THREE_RANKS_RATE scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run, the world's (the collectives of the rank the others waited for, whose took the least time in all, and each gradient ready when the last rank had it, iteration by iteration: Note [The rank the others wait for] and Note [Every rank's gradients] in \`runtime/world_profile.py\`; the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); no collective is predicted faster than the link's bulk rate, from the all-reduce of every gradient each job measures (Note [No faster than the link's bulk rate] in \`sim/network.py\`); each setting's \`predict/\` keeps what its predictions were made from. 28 warm-up steps per candidate cover its profiling steps and its 20-step check, and \`auto\` steps on, untimed, until its re-plan and trials of close runners-up are over."
   echo
   .venv/bin/python -m commsched.bench.validate "${results[@]}"
   compressed=(benchmarks/compression_speed/*/results.json)

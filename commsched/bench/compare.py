@@ -295,10 +295,13 @@ def prediction_inputs(candidates: list[Candidate],
     return out
 
 
-def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]]) -> list[dict]:
-    """Rank 0: the simulator's prediction per commsched candidate; each `auto` candidate's pick
-    checked against the measured-fastest policy. `auto` is simulated like the others, with the
-    policy it chose; what it predicted when it chose is reported beside its pick."""
+def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]],
+                allreduce_all_ms: float | None = None) -> list[dict]:
+    """Rank 0: the simulator's prediction per commsched candidate, no faster than the link's
+    bulk rate where `allreduce_all_ms` measured it (validate.predict_ms); each `auto`
+    candidate's pick checked against the measured-fastest policy. `auto` is simulated like the
+    others, with the policy it chose; what it predicted when it chose is reported beside its
+    pick."""
     from .validate import add_predictions, auto_verdict, predict_ms
 
     predicted, autos = {}, []
@@ -307,22 +310,25 @@ def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]]) -> li
         if auto is not None:
             autos.append((item.cand.name, auto.summary()))
         predicted[item.cand.name] = predict_ms(item.document, item.cand.optimizer.plan,
-                                               item.policy, item.lossy, item.shapes)
+                                               item.policy, item.lossy, item.shapes,
+                                               allreduce_all_ms)
     add_predictions(rows, predicted)
     return [auto_verdict(rows, label, summary) for label, summary in autos]
 
 
-def keep_prediction_inputs(inputs: list[PredictionInput], directory: str) -> None:
+def keep_prediction_inputs(inputs: list[PredictionInput], directory: str,
+                           allreduce_all_ms: float | None) -> None:
     """Rank 0, with --predict-dir: what each prediction was made from (the end-of-run profile
-    and whose it is, the installed plan, the policy simulated and the parameters' shapes) as
-    candidate<N>-end.json, so that a change to the fit or the simulator can be checked against a
-    run without running it again."""
+    and whose it is, the installed plan, the policy simulated, the parameters' shapes and the
+    measured all-reduce of every gradient) as candidate<N>-end.json, so that a change to the fit
+    or the simulator can be checked against a run without running it again."""
     from ..plan.serialize import plan_to_dict
 
     for item in inputs:
         document = {"candidate": item.cand.name, "policy": item.policy.value,
                     "plan": plan_to_dict(item.cand.optimizer.plan), "profile": item.document,
-                    "rank": item.rank, "shapes": item.shapes}
+                    "rank": item.rank, "shapes": item.shapes,
+                    "allreduce_all_ms": allreduce_all_ms}
         path = os.path.join(directory, f"candidate{item.index}-end.json")
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(document, handle)
@@ -415,10 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     profiles = end_profiles(candidates) if predict else {}
     if predict and world.rank == 0:
         inputs = prediction_inputs(candidates, profiles)
-        bound["auto"] = predictions(inputs, rows)
+        bound["auto"] = predictions(inputs, rows, bound.get("min_comm_ms"))
         floor_profile = add_floor(rows, bound, inputs)
         if args.predict_dir:
-            keep_prediction_inputs(inputs, args.predict_dir)
+            keep_prediction_inputs(inputs, args.predict_dir, bound.get("min_comm_ms"))
     if world.rank == 0:
         command = typed_command("commsched.bench.compare", argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "

@@ -12,7 +12,7 @@ from typing import Any
 from ..compression import LossyCompression
 from ..config import Policy
 from ..plan import Collective, NetModel, Plan
-from ..sim import FittedNetwork, Mode, profile_from_document, simulate
+from ..sim import BulkRateNetwork, FittedNetwork, Mode, Network, profile_from_document, simulate
 from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
 from .compare_report import verdicts_of
@@ -21,16 +21,22 @@ from .compression_speed import COMPRESSION_KNOBS, parse_candidate
 
 def predict_ms(document: dict, plan: Plan, policy: Policy,
                lossy: LossyCompression | None = None,
-               shapes: dict[str, tuple[int, ...]] | None = None) -> float:
-    """The simulated iteration of `plan` on the document's profile and fitted network. With a
+               shapes: dict[str, tuple[int, ...]] | None = None,
+               allreduce_all_ms: float | None = None) -> float:
+    """The simulated iteration of `plan` on the document's profile and fitted network, no
+    faster than the link's bulk rate where one all-reduce of every gradient was measured
+    (`allreduce_all_ms`: Note [No faster than the link's bulk rate] in sim/network.py). With a
     lossy compressor, the profile gets its wire tensors (laid out as the run lays them out, from
     the parameters' `shapes`) and its measured compute (sim/compressed.py)."""
     mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
-    net = FittedNetwork.from_document(document)
+    fitted = FittedNetwork.from_document(document)
     run = profile_from_document(with_shapes(document, shapes or {}))
+    net: Network = fitted
+    if allreduce_all_ms and run.total_bytes > 0:
+        net = BulkRateNetwork.from_allreduce(fitted, run.total_bytes, allreduce_all_ms / 1e3)
     if lossy is None:
         return 1e3 * simulate(run, plan, net, mode).iteration_s
-    compressed = compress_run(run, lossy, net.world_size)
+    compressed = compress_run(run, lossy, fitted.world_size)
     return 1e3 * simulate(compressed.run, plan, net, mode,
                           compressor=compressed.compute).iteration_s
 

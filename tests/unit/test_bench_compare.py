@@ -89,6 +89,23 @@ def test_floor_is_the_lowest_over_the_candidates_profiles() -> None:
     assert bound["floor_ms"] == 150.0  # never below the naive bound
 
 
+def test_prediction_is_no_faster_than_the_measured_bulk_rate() -> None:
+    # One block of both tensors (4000 B, 2 ranks): ready at 70 + 10 ms, fitted at 2 ms + 40 ms,
+    # then the 4 ms step: 126 ms. The job's all-reduce of all 4000 B measured 82 ms, so the
+    # block cannot take less (Note [No faster than the link's bulk rate]): 166 ms. In a world
+    # of one (0 ms measured) the fit stands.
+    from commsched.bench.validate import predict_ms
+    from commsched.config import Policy
+    from commsched.plan import Block, Piece, Plan
+
+    doc = two_tensor_document()
+    plan = Plan("test", (Block(0, (Piece(0, 0, 250), Piece(1, 0, 750)), "float32"),))
+    assert predict_ms(doc, plan, Policy.HOROVOD) == pytest.approx(126.0)
+    assert predict_ms(doc, plan, Policy.HOROVOD, allreduce_all_ms=82.0) == pytest.approx(166.0)
+    assert predict_ms(doc, plan, Policy.HOROVOD, allreduce_all_ms=30.0) == pytest.approx(126.0)
+    assert predict_ms(doc, plan, Policy.HOROVOD, allreduce_all_ms=0.0) == pytest.approx(126.0)
+
+
 def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
     import json
 
@@ -307,5 +324,5 @@ def test_predict_dir_keeps_what_each_prediction_was_made_from(tmp_path) -> None:
     assert saved["candidate"] == "commsched:mgwfbp" and saved["policy"] == "mgwfbp"
     shapes = {name: tuple(shape) for name, shape in saved["shapes"].items()}
     again = predict_ms(saved["profile"], plan_from_dict(saved["plan"]), Policy(saved["policy"]),
-                       None, shapes)
+                       None, shapes, saved["allreduce_all_ms"])
     assert again == pytest.approx(predicted["commsched:mgwfbp"], rel=1e-9)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commsched.plan import Collective, NetModel
-from commsched.sim import Algorithm, FittedNetwork, LinkNetwork
+from commsched.sim import Algorithm, BulkRateNetwork, FittedNetwork, LinkNetwork
 
 AR, RS, AG = Collective.ALLREDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
 ALPHA, BANDWIDTH = 1e-3, 1e6  # 1 ms per message, 1 MB/s: beta = 1 us per byte
@@ -108,3 +108,25 @@ def test_fitted_network_from_document() -> None:
     default = FittedNetwork.from_document(doc)
     assert default.allreduce_model() == NetModel()  # the profiler's default: 100 us, 1 ns/B
     assert "default" in default.notes[0]
+
+
+def test_bulk_rate_overrules_only_faster_fits() -> None:
+    # 3 ranks. One all-reduce of 3000 bytes (4000 wire bytes per rank) measured 8 ms: 2 us per
+    # wire byte in bulk, where the all-reduce's own fit claims 4 ms.
+    fitted = FittedNetwork({AR: NetModel(1e-3, 1e-6), RS: NetModel(5e-3, 2e-6),
+                            AG: NetModel(0.0, 2e-6)}, world_size=3)
+    net = BulkRateNetwork.from_allreduce(fitted, 3000, 8e-3)
+    assert net.seconds_per_wire_byte == pytest.approx(2e-6)
+    assert net.time(AR, 3000) == pytest.approx(8e-3)
+    # reduce-scatter of 3000 bytes: shard 1000, fitted 5 ms + 2 ms, slower than 2000 wire
+    # bytes in bulk (4 ms): the fit stands; of 30000: fitted 25 ms, bulk 40 ms
+    assert net.time(RS, 3000) == pytest.approx(7e-3)
+    assert net.time(RS, 30000) == pytest.approx(40e-3)
+    # an all-gather fitted at 3 us per wire byte is slower than bulk everywhere
+    assert net.time(AG, 30000) == pytest.approx(fitted.time(AG, 30000))
+    assert net.wire_bytes(RS, 3000) == fitted.wire_bytes(RS, 3000)
+    # the planners' all-reduce: its fitted start-up, the bulk per-byte cost (4/3 wire bytes)
+    planners = net.allreduce_model()
+    assert planners.alpha == 1e-3 and planners.beta == pytest.approx(2e-6 * 4 / 3)
+    with pytest.raises(ValueError, match="bulk rate"):
+        BulkRateNetwork.from_allreduce(fitted, 3000, 0.0)
