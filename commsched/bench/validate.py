@@ -12,9 +12,11 @@ from typing import Any
 from ..compression import LossyCompression
 from ..config import Policy
 from ..plan import Collective, NetModel, Plan
-from ..sim import BulkRateNetwork, FittedNetwork, Mode, Network, profile_from_document, simulate
+from ..sim import FittedNetwork, Mode, Network, profile_from_document, simulate
+from ..sim.channel import at_bulk_rate
 from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
+from ..sim.network import bulk_seconds_per_wire_byte
 from .compare_report import verdicts_of
 from .compression_speed import COMPRESSION_KNOBS, parse_candidate
 
@@ -31,14 +33,14 @@ def predict_ms(document: dict, plan: Plan, policy: Policy,
     mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
     fitted = FittedNetwork.from_document(document)
     run = profile_from_document(with_shapes(document, shapes or {}))
+    compressed = compress_run(run, lossy, fitted.world_size) if lossy is not None else None
+    wired = compressed.run if compressed is not None else run
     net: Network = fitted
     if allreduce_all_ms and run.total_bytes > 0:
-        net = BulkRateNetwork.from_allreduce(fitted, run.total_bytes, allreduce_all_ms / 1e3)
-    if lossy is None:
-        return 1e3 * simulate(run, plan, net, mode).iteration_s
-    compressed = compress_run(run, lossy, fitted.world_size)
-    return 1e3 * simulate(compressed.run, plan, net, mode,
-                          compressor=compressed.compute).iteration_s
+        bulk = bulk_seconds_per_wire_byte(fitted, run.total_bytes, allreduce_all_ms / 1e3)
+        net = at_bulk_rate(wired, plan, fitted, bulk)
+    return 1e3 * simulate(wired, plan, net, mode,
+                          compressor=compressed.compute if compressed else None).iteration_s
 
 
 def floor_summary(document: dict, allreduce_all_ms: float | None = None) -> dict[str, Any]:

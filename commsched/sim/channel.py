@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plan import Collective, Plan, Stage
-from .network import Network
+from .network import BulkRateNetwork, Network
 from .profile import RunProfile, ready_offsets
 
 OP_LABEL = {Collective.ALLREDUCE: "allreduce", Collective.REDUCE_SCATTER: "reduce_scatter",
@@ -118,3 +118,16 @@ class Channel:
 def block_positions(plan: Plan, tensor_ids: frozenset[int]) -> set[int]:
     return {pos for pos, b in enumerate(plan.blocks)
             if any(p.tensor_id in tensor_ids for p in b.pieces)}
+
+
+def at_bulk_rate(run: RunProfile, plan: Plan, net: Network,
+                 seconds_per_wire_byte: float) -> Network:
+    """`net`, its collectives slowed by the one factor that makes the plan's blocks of one
+    iteration take their wire bytes at the link's bulk rate where they would take less (Note
+    [No faster than the link's bulk rate] in network.py); `net` itself where they do not."""
+    blocks = block_times(run, plan, net)
+    busy = sum(blocks.durations)
+    wire = sum(net.wire_bytes(block.op, size)
+               for block, size in zip(plan.blocks, blocks.nbytes, strict=True))
+    factor = seconds_per_wire_byte * wire / busy if busy > 0 else 1.0
+    return BulkRateNetwork(net, factor) if factor > 1.0 else net

@@ -106,6 +106,24 @@ def test_prediction_is_no_faster_than_the_measured_bulk_rate() -> None:
     assert predict_ms(doc, plan, Policy.HOROVOD, allreduce_all_ms=0.0) == pytest.approx(126.0)
 
 
+def test_an_iteration_is_slowed_to_the_bulk_rate_as_a_whole() -> None:
+    # Two blocks: t0 (1000 B, fitted 12 ms) and t1 (3000 B, 32 ms): 44 ms for 4000 wire bytes
+    # that the link carries in 82 ms in bulk. Both blocks are slowed by 82/44, the small one
+    # too: one block may beat the bulk rate, the iteration may not.
+    from commsched.plan import Block, Piece, Plan
+    from commsched.sim import FittedNetwork, profile_from_document
+    from commsched.sim.channel import at_bulk_rate, block_times
+
+    doc = two_tensor_document()
+    run, fitted = profile_from_document(doc), FittedNetwork.from_document(doc)
+    plan = Plan("test", (Block(0, (Piece(1, 0, 750),), "float32"),
+                         Block(1, (Piece(0, 0, 250),), "float32")))
+    slowed = at_bulk_rate(run, plan, fitted, 82e-3 / 4000)
+    assert block_times(run, plan, slowed).durations == pytest.approx([32e-3 * 82 / 44,
+                                                                      12e-3 * 82 / 44])
+    assert at_bulk_rate(run, plan, fitted, 40e-3 / 4000) is fitted  # fits slower than bulk
+
+
 def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
     import json
 

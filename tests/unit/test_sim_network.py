@@ -6,6 +6,7 @@ import pytest
 
 from commsched.plan import Collective, NetModel
 from commsched.sim import Algorithm, BulkRateNetwork, FittedNetwork, LinkNetwork
+from commsched.sim.network import bulk_seconds_per_wire_byte
 
 AR, RS, AG = Collective.ALLREDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
 ALPHA, BANDWIDTH = 1e-3, 1e6  # 1 ms per message, 1 MB/s: beta = 1 us per byte
@@ -110,23 +111,14 @@ def test_fitted_network_from_document() -> None:
     assert "default" in default.notes[0]
 
 
-def test_bulk_rate_overrules_only_faster_fits() -> None:
-    # 3 ranks. One all-reduce of 3000 bytes (4000 wire bytes per rank) measured 8 ms: 2 us per
-    # wire byte in bulk, where the all-reduce's own fit claims 4 ms.
-    fitted = FittedNetwork({AR: NetModel(1e-3, 1e-6), RS: NetModel(5e-3, 2e-6),
-                            AG: NetModel(0.0, 2e-6)}, world_size=3)
-    net = BulkRateNetwork.from_allreduce(fitted, 3000, 8e-3)
-    assert net.seconds_per_wire_byte == pytest.approx(2e-6)
-    assert net.time(AR, 3000) == pytest.approx(8e-3)
-    # reduce-scatter of 3000 bytes: shard 1000, fitted 5 ms + 2 ms, slower than 2000 wire
-    # bytes in bulk (4 ms): the fit stands; of 30000: fitted 25 ms, bulk 40 ms
-    assert net.time(RS, 3000) == pytest.approx(7e-3)
-    assert net.time(RS, 30000) == pytest.approx(40e-3)
-    # an all-gather fitted at 3 us per wire byte is slower than bulk everywhere
-    assert net.time(AG, 30000) == pytest.approx(fitted.time(AG, 30000))
-    assert net.wire_bytes(RS, 3000) == fitted.wire_bytes(RS, 3000)
-    # the planners' all-reduce: its fitted start-up, the bulk per-byte cost (4/3 wire bytes)
-    planners = net.allreduce_model()
-    assert planners.alpha == 1e-3 and planners.beta == pytest.approx(2e-6 * 4 / 3)
+def test_bulk_rate_network_slows_every_collective_by_one_factor() -> None:
+    fitted = FittedNetwork({AR: NetModel(1e-3, 1e-6), RS: NetModel(5e-3, 2e-6)}, world_size=3)
+    # one all-reduce of 3000 bytes (4000 wire bytes per rank on 3 ranks) measured 8 ms
+    assert bulk_seconds_per_wire_byte(fitted, 3000, 8e-3) == pytest.approx(2e-6)
+    slowed = BulkRateNetwork(fitted, 1.5)
+    assert slowed.time(AR, 3000) == pytest.approx(1.5 * 4e-3)
+    assert slowed.time(RS, 3000) == pytest.approx(1.5 * 7e-3)  # shard of 1000 B: 5 + 2 ms
+    assert slowed.wire_bytes(RS, 3000) == fitted.wire_bytes(RS, 3000)
+    assert slowed.allreduce_model() == NetModel(1.5e-3, 1.5e-6)
     with pytest.raises(ValueError, match="bulk rate"):
-        BulkRateNetwork.from_allreduce(fitted, 3000, 0.0)
+        bulk_seconds_per_wire_byte(fitted, 3000, 0.0)
