@@ -17,8 +17,11 @@ run() {  # model batch rate ranks out
   # any cross-iteration schedule.
   # 28 warm-up steps cover auto's profiling steps and its 20-step check; compare steps `auto`
   # on until its re-plan and trials are over (commsched.bench.compare.settling).
+  # 5 rounds of 8 steps: with 3 (24 steps per candidate, one step's time varying by about 10%
+  # on the Transformer) a median moves by about 2% from run to run, the size of auto's target;
+  # auto read 0.962x and 1.035x the fastest candidate in two runs of the same code.
   scripts/netem.sh run .venv/bin/horovodrun -np "$4" --gloo .venv/bin/python -m commsched.bench.compare \
-    --model "$1" --batch-size "$2" --rounds 3 --steps 8 --warmup 28 --candidates "$CANDIDATES" \
+    --model "$1" --batch-size "$2" --rounds "${ROUNDS:-5}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$5" 2>&1 | rank0_stdout
 }
 run cnn 64 "$CNN_RATE" 2 cnn
