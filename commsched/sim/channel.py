@@ -61,6 +61,12 @@ def block_times(run: RunProfile, plan: Plan, net: Network) -> BlockTimes:
     return BlockTimes(ready, nbytes, block_ready, durations, forward, notes)
 
 
+def wire_bytes(plan: Plan, blocks: BlockTimes, net: Network) -> float:
+    """Bytes one rank sends for the plan's blocks of one iteration."""
+    return sum(net.wire_bytes(block.op, size)
+               for block, size in zip(plan.blocks, blocks.nbytes, strict=True))
+
+
 class Channel:
     """Runs one iteration's blocks strictly in plan order: a block starts at the latest of its
     launch time (all pieces ready, or released for a forward-stage block), the previous block's
@@ -127,7 +133,5 @@ def at_bulk_rate(run: RunProfile, plan: Plan, net: Network,
     [No faster than the link's bulk rate] in network.py); `net` itself where they do not."""
     blocks = block_times(run, plan, net)
     busy = sum(blocks.durations)
-    wire = sum(net.wire_bytes(block.op, size)
-               for block, size in zip(plan.blocks, blocks.nbytes, strict=True))
-    factor = seconds_per_wire_byte * wire / busy if busy > 0 else 1.0
+    factor = seconds_per_wire_byte * wire_bytes(plan, blocks, net) / busy if busy > 0 else 1.0
     return BulkRateNetwork(net, factor) if factor > 1.0 else net

@@ -18,7 +18,15 @@ import enum
 from dataclasses import dataclass, field
 
 from ..plan import Plan
-from .channel import OP_LABEL, BlockTimes, Channel, SimEvent, block_positions, block_times
+from .channel import (
+    OP_LABEL,
+    BlockTimes,
+    Channel,
+    SimEvent,
+    block_positions,
+    block_times,
+    wire_bytes,
+)
 from .network import Network
 from .profile import RunProfile
 from .timing import CompressorCompute, ComputeTimes, compute_times
@@ -129,7 +137,6 @@ def _result(plan: Plan, net: Network, blocks: BlockTimes, trace: Trace,
     return SimResult(
         iteration_s=end - begin, events=shifted, comm_busy_s=sum(blocks.durations),
         compute_s=sum(e.duration_s for e in shifted if e.lane == "compute"),
-        wire_bytes=sum(net.wire_bytes(b.op, n)
-                       for b, n in zip(plan.blocks, blocks.nbytes, strict=True)),
+        wire_bytes=wire_bytes(plan, blocks, net),
         wait_s=sum(e.duration_s for e in shifted if e.lane == "wait"),
         notes=list(dict.fromkeys(notes)))
