@@ -161,7 +161,7 @@ class EngineHandle:
 
     def wait(self) -> None:
         """Waits for every block of the iteration, then records it for the profiler."""
-        started = _C.now_us()
+        started = _C.now_us() if self.timeline else 0
         try:
             self._engine.wait_all(self.timeout_ms)
         except RuntimeError as err:
@@ -178,7 +178,7 @@ class EngineHandle:
             self.timeline.engine_events(self._engine.drain_events())
 
     def wait_block(self, position: int) -> None:
-        started = _C.now_us()
+        started = _C.now_us() if self.timeline else 0
         try:
             self._engine.wait_block(position, self.timeout_ms)
         except RuntimeError as err:

@@ -20,6 +20,7 @@ module's time; once an overlap plan runs, only the modules that start a group ke
 
 from __future__ import annotations
 
+import bisect
 import enum
 import time
 from collections.abc import Callable
@@ -70,13 +71,16 @@ class ModuleProfile:
 @dataclass
 class _GroupWork:
     """What an update group's call needs, worked out once per plan: its tensors that some block
-    completes, their parameters and bytes, and its sub-optimizer (with the generation of the
-    deferred updates it was made in)."""
+    completes (as slots: positions in the runner's list of taken tensors), their parameters and
+    bytes, the block it waits for, how many of DeAR's all-gathers must be released before that
+    wait (`gathers_through`, for `_release_through`), and its sub-optimizer (with the generation
+    of the deferred updates it was made in)."""
 
-    tids: list[int]
+    slots: list[int]
     params: list[torch.Tensor]
     nbytes: int
     wait_for: int
+    gathers_through: int
     optimizer: torch.optim.Optimizer | None = None
     generation: int = -1
 
@@ -102,20 +106,31 @@ class OverlapRunner:
                        for name, m in self._named.items()}
         self._update_us = 0
         self.open = False
-        self._pending: set[int] = set()
-        self._grads: dict[int, torch.Tensor] = {}
+        # Note [Stamps, not sets]
+        # What is still to apply in the open iteration is kept as iteration stamps: step()
+        # bumps `_stamp`, and a group (or, with groups that share tensors, a slot) is applied
+        # when its entry holds the current stamp. No set or dict is built per iteration: on a
+        # small model each Python statement of the per-iteration path is a measurable part of
+        # the runner's cost.
+        self._stamp = 0
+        self._group_done: list[int] = []
+        self._slot_done: list[int] = []
+        # The taken gradients, by slot (a parameter without one has None: set_grads leaves it
+        # so, and no compressed tensor lacks one).
+        self._grads: list[torch.Tensor] = []
         # Module name -> the groups its pre-hook may apply: those starting there, and those
         # holding a parameter it is the first user of (see Note [Skipped group starts]).
         self._groups: tuple[UpdateGroup, ...] = ()
         self._groups_at: dict[str, list[int]] = {}
-        self._pending_groups: set[int] = set()
         self._bytes_of: dict[tuple[int, ...], int] = {}
         self._needs: dict[int, int] = {}
         # The tensors some block completes (those in _needs) and their parameters: step() takes
-        # their gradients out of p.grad.
+        # their gradients out of p.grad. A tensor's slot is its position in these lists.
         self._taken_ids: list[int] = []
         self._taken_params: list[torch.Tensor] = []
         self._work: list[_GroupWork] = []
+        # Slots in no group: finish() applies them.
+        self._ungrouped: list[int] = []
         self._groups_cover_all = False
         # Whether no tensor is in two groups: a pending group's tensors are then all pending.
         self._disjoint = False
@@ -127,7 +142,7 @@ class OverlapRunner:
         # [Compression under an overlap plan]); set by the session, on while it compresses.
         self.compressed: CompressedGradients | None = None
         self.decompress_scale = 1.0
-        self._decompressed: dict[int, int] = {}  # tensor id -> index in `compressed`, this plan
+        self._decompressed: dict[int, int] = {}  # slot -> index in `compressed`, this plan
         self.mode = HookMode.OFF
         self.active = False
         self._set_mode(HookMode.RECORDING)
@@ -190,8 +205,9 @@ class OverlapRunner:
         self._needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)
         self._taken_ids = [t for t in range(len(self._params)) if t in self._needs]
         self._taken_params = [self._params[t] for t in self._taken_ids]
+        slot_of = {t: slot for slot, t in enumerate(self._taken_ids)}
         self._decompressed = {} if compressed is None else \
-            {t: index for index, t in enumerate(compressed.ids)}
+            {slot_of[t]: index for index, t in enumerate(compressed.ids) if t in slot_of}
         groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
                                                          self._needs)
         # Note [Skipped group starts]
@@ -222,9 +238,12 @@ class OverlapRunner:
                 if index not in self._groups_at.get(name, []):
                     self._groups_at.setdefault(name, []).append(index)
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
-        self._work = [self._group_work(group) for group in self._groups]
-        members = [t for work in self._work for t in work.tids]
+        self._work = [self._group_work(group, slot_of) for group in self._groups]
+        members = [s for work in self._work for s in work.slots]
         self._disjoint = len(members) == len(set(members))
+        self._ungrouped = sorted(set(range(len(self._taken_ids))) - set(members))
+        self._group_done = [self._stamp] * len(self._groups)  # nothing pending until step()
+        self._slot_done = [self._stamp] * len(self._taken_ids)
         # Note [The end of the forward pass]
         # The root's forward hook applies what the forward pass did not reach: parameters in no
         # group, and groups whose modules all were skipped. When the groups hold every tensor,
@@ -233,14 +252,17 @@ class OverlapRunner:
         # step(), flush()), which must wait for the iteration's blocks anyway: the forward hook
         # is left out, one Python call per iteration fewer (a world of one, or a plan with one
         # group, has nothing else at the end of the forward pass).
-        self._groups_cover_all = set(members) == set(self._taken_ids)
+        self._groups_cover_all = not self._ungrouped
         self._set_mode(HookMode.ACTIVE)
 
-    def _group_work(self, group: UpdateGroup) -> _GroupWork:
-        tids = [t for t in group.tensor_ids if t in self._needs]
-        params = [self._params[t] for t in tids]
-        return _GroupWork(tids, params, sum(p.numel() * p.element_size() for p in params),
-                          group.wait_for)
+    def _group_work(self, group: UpdateGroup, slot_of: dict[int, int]) -> _GroupWork:
+        slots = [slot_of[t] for t in group.tensor_ids if t in slot_of]
+        params = [self._taken_params[s] for s in slots]
+        # The all-gathers up to the one the group waits for (those at or before its position),
+        # plus one of look-ahead (_release_through).
+        gathers_through = bisect.bisect_right(self._gathers, group.wait_for)
+        return _GroupWork(slots, params, sum(p.numel() * p.element_size() for p in params),
+                          group.wait_for, gathers_through)
 
     def restore(self, order: list[str], active: bool, recording: bool, plan: Plan) -> None:
         """Puts the runner where a checkpoint left it. The forward order decides in which
@@ -269,9 +291,8 @@ class OverlapRunner:
     def begin(self) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward."""
         self._snapshot()
-        self._grads = dict(zip(self._taken_ids, _C.take_grads(self._taken_params), strict=True))
-        self._pending = set(self._taken_ids)
-        self._pending_groups = set(range(len(self._groups)))
+        self._grads = _C.take_grads(self._taken_params)
+        self._stamp += 1  # every group and slot is pending (Note [Stamps, not sets])
         self.open = True
         self._released = 0
         if self._gathers:
@@ -295,16 +316,28 @@ class OverlapRunner:
         if self._gathers:
             self._release_through(len(self._gathers))
         self._engine.wait()
-        if self._pending:
-            self._apply(sorted(self._pending))
-        self._grads = {}
+        left = self._leftovers()
+        if left:
+            self._apply(left)
+        self._grads = []
         self.open = False
 
-    def _apply(self, tids: list[int], work: _GroupWork | None = None) -> None:
-        """Applies the update of `tids` (`work`'s whole group when given) with one call of the
+    def _leftovers(self) -> list[int]:
+        """The slots not applied in the open iteration, in order."""
+        stamp = self._stamp
+        if not self._disjoint:
+            done = self._slot_done
+            return [s for s in range(len(done)) if done[s] != stamp]
+        done = self._group_done
+        left = [s for index, work in enumerate(self._work) if done[index] != stamp
+                for s in work.slots]
+        if not left:
+            return self._ungrouped
+        return sorted(left + self._ungrouped)
+
+    def _apply(self, slots: list[int], work: _GroupWork | None = None) -> None:
+        """Applies the update of `slots` (`work`'s whole group when given) with one call of the
         user's optimizer."""
-        if not tids:
-            return
         optimizer = None
         if work is not None:
             params, nbytes = work.params, work.nbytes
@@ -313,33 +346,37 @@ class OverlapRunner:
                 work.optimizer, work.generation = deferred.subset(params), deferred.generation
             optimizer = work.optimizer
         else:
-            params = [self._params[t] for t in tids]
-            key = tuple(tids)
+            params = [self._taken_params[s] for s in slots]
+            key = tuple(slots)
             known = self._bytes_of.get(key)
             if known is None:  # the same leftovers come back every iteration
                 known = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
             nbytes = known
         started = _C.now_us()
         if self._decompressed:  # its time is the compressor's (compute.compression_s)
-            self._decompress(tids)
+            self._decompress(slots)
         engine = self._engine
         # Timed only when the profiler keeps this iteration; device events on CUDA (Note
         # [Which clock]).
         timer = UpdateTimer(params) if engine.sampling else None
-        self._deferred.apply(params, list(map(self._grads.__getitem__, tids)), optimizer)
+        grads = self._grads
+        self._deferred.apply(params, [grads[s] for s in slots], optimizer)
         if timer is not None:
             engine.profiler.note_update(nbytes, timer.stop())
         self._update_us += _C.now_us() - started
         if engine.timeline:
-            engine.span("update", started, tensors=len(tids))
-        self._pending.difference_update(tids)
+            engine.span("update", started, tensors=len(slots))
+        if not self._disjoint:
+            done, stamp = self._slot_done, self._stamp
+            for s in slots:
+                done[s] = stamp
 
-    def _decompress(self, tids: list[int]) -> None:
+    def _decompress(self, slots: list[int]) -> None:
         assert self.compressed is not None
-        for t in tids:
-            index = self._decompressed.get(t)
+        for s in slots:
+            index = self._decompressed.get(s)
             if index is not None:
-                self.compressed.decompress(index, self._grads[t], self.decompress_scale)
+                self.compressed.decompress(index, self._grads[s], self.decompress_scale)
 
     # -- module hooks -------------------------------------------------------------------------
 
@@ -356,27 +393,34 @@ class OverlapRunner:
         return hook
 
     def _apply_groups(self, name: str) -> Callable[[nn.Module, Any], None]:
+        indices = self._groups_at[name]
+
         def hook(module: nn.Module, args: Any) -> None:
             if not self.open:
                 return
-            for index in self._groups_at[name]:
-                if index in self._pending_groups:
+            done, stamp = self._group_done, self._stamp
+            for index in indices:
+                if done[index] != stamp:
                     self._apply_group(index)
         return hook
 
     def _apply_group(self, index: int) -> None:
-        self._pending_groups.discard(index)
+        stamp = self._stamp
+        self._group_done[index] = stamp
         work = self._work[index]
         # A group's tensors are applied with it, or all at once by finish(), which closes the
         # iteration: with no tensor in two groups, a pending group has every tensor pending.
-        whole = self._disjoint
-        tids = work.tids if whole else [t for t in work.tids if t in self._pending]
-        if not tids:
+        if self._disjoint:
+            slots = work.slots
+        else:
+            done = self._slot_done
+            slots = [s for s in work.slots if done[s] != stamp]
+        if not slots:
             return
         if self._gathers:
-            self._release_through(self._gathers.index(work.wait_for) + 1)
+            self._release_through(work.gathers_through)
         self._engine.wait_block(work.wait_for)
-        self._apply(tids, work if whole else None)
+        self._apply(slots, work if self._disjoint else None)
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self.finish()
