@@ -17,7 +17,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,44 +25,28 @@ from torch import nn
 
 import commsched
 
-from ..compression import LossyCompression
-from ..config import Policy
 from ..outputs import OutputPathError, prepare_dir
-from ..runtime.world_profile import (
-    IterationRow,
-    critical_rank,
-    document_samples,
-    waited_s,
-    with_world_compute,
-    world_compute,
-)
 from ..torch_compat import ddp_kwargs
-from .compare_report import bound_lines, markdown_table, write_outputs
+from .candidate import LOCAL, Candidate
+from .compare_predict import (
+    add_floor,
+    end_profiles,
+    keep_prediction_inputs,
+    prediction_inputs,
+    predictions,
+)
+from .compare_report import bound_lines, markdown_table, pair_lines, write_outputs
 from .compression_speed import (
     HVD_FP16,
     candidate_bytes,
     ddp_powersgd_kwargs,
-    lossy_of,
     parse_candidate,
     parse_ddp_powersgd,
     register_ddp_powersgd,
     split_compression,
 )
 from .models import ModelName, batch, build, loss_fn
-
-LOCAL = "local (no comm)"
-
-
-@dataclass
-class Candidate:
-    name: str
-    step: Callable[[int], None]
-    finish: Callable[[], None] = lambda: None  # lets pending work end before others run
-    optimizer: Any = None
-    predicted: bool = False  # a commsched candidate simulated from its profile (--predict)
-    model: Any = None
-    # Per round: when each step ended (perf_counter), the untimed first step included.
-    ends: list[list[float]] = field(default_factory=list)
+from .planner_pair import compare_pairs
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -222,10 +205,14 @@ def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
     world = commsched.init()
     rows: list[dict[str, Any]] = []
     for cand in candidates:
-        slowest = iteration_times(world.all_gather_object(cand.ends))
+        per_rank = world.all_gather_object(cand.ends)
+        slowest = iteration_times(per_rank)
+        by_round = [iteration_times([[ends[r]] for ends in per_rank])
+                    for r in range(len(cand.ends))]
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
                      "p10_ms": 1e3 * _quantile(slowest, 0.1),
-                     "p90_ms": 1e3 * _quantile(slowest, 0.9), "samples": len(slowest)})
+                     "p90_ms": 1e3 * _quantile(slowest, 0.9), "samples": len(slowest),
+                     "round_medians_ms": [1e3 * statistics.median(t) for t in by_round if t]})
     return rows
 
 
@@ -240,130 +227,6 @@ def summarise(candidates: list[Candidate]) -> list[dict]:
         for base in ("hvd", "torch-ddp"):
             row[f"vs_{base}"] = row["median_ms"] / by_name[base] if base in by_name else None
     return rows
-
-
-@dataclass(frozen=True)
-class PredictionInput:
-    """What one commsched candidate's prediction is made from, read once on rank 0: the
-    profile as it stands at the end of the run (latest half of the profiler's window; the one
-    written when the profiling steps ended still holds warm-up iterations) on the rank the
-    others waited for, with every rank's compute (runtime/world_profile.py), the policy
-    whose plan it runs (`auto`'s choice for auto), and what a lossy compressor needs."""
-
-    index: int  # position in --candidates: the N of candidate<N>.json
-    cand: Candidate
-    policy: Policy
-    document: dict
-    lossy: LossyCompression | None
-    shapes: dict[str, tuple[int, ...]]
-    rank: int = 0  # whose profile `document` is
-
-
-@dataclass(frozen=True)
-class RankProfile:
-    """One rank's end-of-run profile of one candidate, and its sampled iterations (Note [Every
-    rank's gradients] in runtime/world_profile.py)."""
-
-    document: dict
-    rows: list[IterationRow]
-
-
-def end_profiles(candidates: list[Candidate]) -> dict[int, list[RankProfile]]:
-    """Every rank calls this: each predicted candidate's end-of-run profile on every rank, by
-    candidate index."""
-    own = {index: RankProfile(cand.optimizer.session.profile_document(),
-                              cand.optimizer.session.engine.profiler.iteration_rows())
-           for index, cand in enumerate(candidates) if cand.predicted}
-    gathered = commsched.init().all_gather_object(own)
-    return {index: [ranks[index] for ranks in gathered] for index in own}
-
-
-def prediction_inputs(candidates: list[Candidate],
-                      profiles: dict[int, list[RankProfile]]) -> list[PredictionInput]:
-    out = []
-    for index, ranks in profiles.items():
-        cand = candidates[index]
-        named, knobs = parse_candidate(cand.name)
-        auto = getattr(cand.optimizer, "auto", None)
-        policy = auto.chosen.policy if auto is not None else Policy(named)
-        rank = critical_rank([waited_s(document_samples(r.document)) for r in ranks])
-        document = with_world_compute(ranks[rank].document,
-                                      world_compute([r.rows for r in ranks]))
-        out.append(PredictionInput(
-            index, cand, policy, document, lossy_of(knobs),
-            {n: tuple(p.shape) for n, p in cand.model.named_parameters()}, rank))
-    return out
-
-
-def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]],
-                allreduce_all_ms: float | None = None) -> list[dict]:
-    """Rank 0: the simulator's prediction per commsched candidate, no faster than the link's
-    bulk rate where `allreduce_all_ms` measured it (validate.predict_ms); each `auto`
-    candidate's pick checked against the measured-fastest policy. `auto` is simulated like the
-    others, with the policy it chose; what it predicted when it chose is reported beside its
-    pick."""
-    from .validate import add_predictions, auto_verdict, predict_ms
-
-    predicted, autos = {}, []
-    for item in inputs:
-        auto = getattr(item.cand.optimizer, "auto", None)
-        if auto is not None:
-            autos.append((item.cand.name, auto.summary()))
-        predicted[item.cand.name] = predict_ms(item.document, item.cand.optimizer.plan,
-                                               item.policy, item.lossy, item.shapes,
-                                               allreduce_all_ms)
-    add_predictions(rows, predicted)
-    return [auto_verdict(rows, label, summary) for label, summary in autos]
-
-
-def keep_prediction_inputs(inputs: list[PredictionInput], directory: str,
-                           allreduce_all_ms: float | None) -> None:
-    """Rank 0, with --predict-dir: what each prediction was made from (the end-of-run profile
-    and whose it is, the installed plan, the policy simulated, the parameters' shapes and the
-    measured all-reduce of every gradient) as candidate<N>-end.json, so that a change to the fit
-    or the simulator can be checked against a run without running it again."""
-    from ..plan.serialize import plan_to_dict
-
-    for item in inputs:
-        document = {"candidate": item.cand.name, "policy": item.policy.value,
-                    "plan": plan_to_dict(item.cand.optimizer.plan), "profile": item.document,
-                    "rank": item.rank, "shapes": item.shapes,
-                    "allreduce_all_ms": allreduce_all_ms}
-        path = os.path.join(directory, f"candidate{item.index}-end.json")
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(document, handle)
-
-
-def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> dict | None:
-    """Rank 0: the floor of any cross-iteration schedule (sim/floor.py) from the profiled
-    uncompressed commsched candidates whose profiles know each tensor's first user (the
-    overlap policies record it; without it every tensor counts as due at the next backward,
-    which hides what synchronous semantics cost), or from all of them when none does, each
-    with its network calibrated to the measured all-reduce of every gradient; the lowest of
-    them, and never below the measured naive bound (both are lower bounds); and each row's
-    distance to it. Returns the profile document it came from.
-
-    The lowest, because each profile measured the compute under its own candidate's traffic:
-    on a machine whose ranks share few cores a candidate's communication threads slow its
-    forward and backward (the 2-rank CNN's bytescheduler profile gave a floor of 236.9 ms and
-    dear's own 221.2 ms, where dear measured 221.3 ms), and a floor must hold for all of them."""
-    from ..sim import profile_from_document
-    from .validate import floor_summary
-
-    # A compressed candidate's floor would assume its whole gradients on the wire.
-    profiled = [item for item in inputs if item.lossy is None]
-    if not profiled:
-        return None
-    with_modules = [item for item in profiled
-                    if profile_from_document(item.document).has_module_info]
-    floors = [(floor_summary(item.document, bound.get("min_comm_ms")), item)
-              for item in with_modules or profiled]
-    summary, source = min(floors, key=lambda pair: pair[0]["floor_ms"])
-    floor = max(summary["floor_ms"], bound.get("bound_ms") or 0.0)
-    bound.update(summary, floor_ms=floor, floor_from=source.cand.name)
-    for row in rows:
-        row["vs_floor"] = row["median_ms"] / floor if floor else None
-    return source.document
 
 
 def typed_command(module: str, argv: list[str] | None) -> str:
@@ -423,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         inputs = prediction_inputs(candidates, profiles)
         bound["auto"] = predictions(inputs, rows, bound.get("min_comm_ms"))
         floor_profile = add_floor(rows, bound, inputs)
+        bound["pairs"] = compare_pairs(wanted, [i.document for i in inputs if i.lossy is None],
+                                       rows, bound.get("min_comm_ms"))
         if args.predict_dir:
             keep_prediction_inputs(inputs, args.predict_dir, bound.get("min_comm_ms"))
     if world.rank == 0:
@@ -430,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))
-        print("\n" + bound_lines(bound), flush=True)
+        print("\n" + bound_lines(bound) + pair_lines(bound.get("pairs")), flush=True)
         for verdict in bound.get("auto") or []:
             print(f"auto: {verdict}", flush=True)
         if args.out:

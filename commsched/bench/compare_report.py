@@ -1,10 +1,13 @@
 """The comparison's report: the markdown table, the bound and floor lines, `auto`'s verdict,
-and results.json/.md/.png."""
+two planners set apart from the noise (planner_pair), and results.json/.md/.png."""
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Any
+
+from .compression_speed import parse_candidate
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -87,6 +90,26 @@ def _verdict_line(verdict: dict) -> str:
             f"{'yes' if verdict['picked_fastest'] else 'no'}{against}{measured}\n")
 
 
+def pair_lines(pairs: list[dict[str, Any]] | None) -> str:
+    """One line per pair of planners (bench/planner_pair.py): measured, and on the same
+    profiles."""
+    text = ""
+    for pair in pairs or []:
+        first, second = parse_candidate(pair["first"])[0], parse_candidate(pair["second"])[0]
+        paired = pair.get("paired_ratio")
+        text += (f"\n{first} against {second}: measured {pair['measured_ratio']:.3f}x (ratio of "
+                 f"medians)" + ("" if paired is None else
+                                f", {paired:.3f}x paired by round (median of per-round ratios)"))
+        same = pair.get("same_profiles")
+        if same:
+            ratios = same["predicted_ratios"]
+            text += (f"; both planned on the same {same['profiles']} overlap profiles and "
+                     f"simulated: identical plans on {same['identical_plans']}, {first} "
+                     f"predicted {min(ratios):.3f}-{max(ratios):.3f}x {second}")
+        text += "\n"
+    return text
+
+
 def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as handle:
@@ -95,7 +118,8 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
         network = f", {meta['network']}" if meta.get("network") else ""
         handle.write(f"# {meta['model']} on {meta['world_size']} ranks{network}\n\n"
                      f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n\n"
-                     f"{bound_lines(bound)}\n" + auto_line(bound.get("auto")))
+                     f"{bound_lines(bound)}\n" + auto_line(bound.get("auto"))
+                     + pair_lines(bound.get("pairs")))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,7 +12,7 @@ from typing import Any
 from ..compression import LossyCompression
 from ..config import Policy
 from ..plan import Collective, NetModel, Plan
-from ..sim import FittedNetwork, Mode, Network, profile_from_document, simulate
+from ..sim import FittedNetwork, Mode, Network, SimResult, profile_from_document, simulate
 from ..sim.channel import at_bulk_rate
 from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
@@ -30,6 +30,14 @@ def predict_ms(document: dict, plan: Plan, policy: Policy,
     (`allreduce_all_ms`: Note [No faster than the link's bulk rate] in sim/network.py). With a
     lossy compressor, the profile gets its wire tensors (laid out as the run lays them out, from
     the parameters' `shapes`) and its measured compute (sim/compressed.py)."""
+    return 1e3 * predict(document, plan, policy, lossy, shapes, allreduce_all_ms).iteration_s
+
+
+def predict(document: dict, plan: Plan, policy: Policy,
+            lossy: LossyCompression | None = None,
+            shapes: dict[str, tuple[int, ...]] | None = None,
+            allreduce_all_ms: float | None = None) -> SimResult:
+    """predict_ms's whole simulated iteration."""
     mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
     fitted = FittedNetwork.from_document(document)
     run = profile_from_document(with_shapes(document, shapes or {}))
@@ -39,8 +47,7 @@ def predict_ms(document: dict, plan: Plan, policy: Policy,
     if allreduce_all_ms and run.total_bytes > 0:
         bulk = bulk_seconds_per_wire_byte(fitted, run.total_bytes, allreduce_all_ms / 1e3)
         net = at_bulk_rate(wired, plan, fitted, bulk)
-    return 1e3 * simulate(wired, plan, net, mode,
-                          compressor=compressed.compute if compressed else None).iteration_s
+    return simulate(wired, plan, net, mode, compressor=compressed.compute if compressed else None)
 
 
 def floor_summary(document: dict, allreduce_all_ms: float | None = None) -> dict[str, Any]:

@@ -69,7 +69,8 @@ def test_floor_column_and_line() -> None:
 def test_floor_is_the_lowest_over_the_candidates_profiles() -> None:
     # Each profile measured compute under its own candidate's traffic; a floor must hold for
     # every candidate, so the report takes the lowest (and never below the naive bound).
-    from commsched.bench.compare import Candidate, PredictionInput, add_floor
+    from commsched.bench.candidate import Candidate
+    from commsched.bench.compare_predict import PredictionInput, add_floor
     from commsched.config import Policy
 
     def item(index: int, name: str, doc: dict) -> PredictionInput:

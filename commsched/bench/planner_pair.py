@@ -1,0 +1,89 @@
+"""Two planners compared apart from the noise between two candidates (Prophet against
+ByteScheduler in the overlap benchmark).
+
+Each commsched candidate plans from its own profile, measured under its own traffic and at its
+own moments of the run, so two candidates whose planners agree on every profile still run
+slightly different plans, and their medians differ by the run's noise (a few percent here, where
+one step's time varies by about 10%). Two figures separate the planners from that:
+
+* both planners on the same profiles (every uncompressed overlap candidate's, as the run
+  ended), simulated alike: they differ only where their rules do, and an identical plan says
+  the rules coincide for that profile;
+* the measured ratio paired by round: both candidates ran in every round, so the median of the
+  per-round ratios is not moved by a slow phase of the machine that fell on one of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ..config import Policy, load_config
+from ..sim import FittedNetwork, profile_from_document
+from ..sim.rank import PlanCache
+from .compression_speed import parse_candidate
+
+# (challenger, baseline): Prophet is ByteScheduler's priority rule with blocks sized from the
+# stepwise ready pattern (plan/prophet.py).
+PAIRS = (("prophet", "bytescheduler"),)
+
+
+def _label_of(labels: list[str], policy: str) -> str | None:
+    found = [label for label in labels
+             if label.startswith("commsched:") and parse_candidate(label)[0] == policy]
+    return found[0] if len(found) == 1 else None
+
+
+def planners_on_same_profiles(documents: list[dict], first: str, second: str,
+                              allreduce_all_ms: float | None) -> dict[str, Any] | None:
+    """`first`'s and `second`'s planners (commsched candidate labels, knobs included) on each
+    document that can simulate an overlap plan, as validate.predict_ms simulates a candidate."""
+    from .validate import predict
+
+    ratios, identical = [], 0
+    for document in documents:
+        run = profile_from_document(document)
+        if not run.has_module_info:
+            continue
+        fitted = FittedNetwork.from_document(document)
+        results, blocks = [], []
+        for label in (first, second):
+            policy, knobs = parse_candidate(label)
+            cfg = load_config({**knobs, "policy": policy}, environ={})
+            plan = PlanCache(run, cfg).plan(Policy(policy), {}, fitted)  # with update groups
+            blocks.append([b.pieces for b in plan.blocks])
+            results.append(predict(document, plan, Policy(policy),
+                                   allreduce_all_ms=allreduce_all_ms))
+        identical += blocks[0] == blocks[1]
+        ratios.append(results[0].iteration_s / results[1].iteration_s)
+    if not ratios:
+        return None
+    return {"profiles": len(ratios), "identical_plans": identical, "predicted_ratios": ratios}
+
+
+def paired_ratio(rows: list[dict], first: str, second: str) -> float | None:
+    """Median over rounds of `first`'s round median over `second`'s."""
+    by_name = {row["name"]: row.get("round_medians_ms") for row in rows}
+    a, b = by_name.get(first), by_name.get(second)
+    if not a or not b or len(a) != len(b):
+        return None
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def compare_pairs(labels: list[str], documents: list[dict], rows: list[dict],
+                  allreduce_all_ms: float | None) -> list[dict[str, Any]]:
+    """Every pair of PAIRS whose two policies are both candidates (once each)."""
+    out = []
+    medians = {row["name"]: row["median_ms"] for row in rows}
+    for policy, baseline in PAIRS:
+        first, second = _label_of(labels, policy), _label_of(labels, baseline)
+        if first is None or second is None:
+            continue
+        entry: dict[str, Any] = {
+            "first": first, "second": second,
+            "measured_ratio": medians[first] / medians[second],
+            "paired_ratio": paired_ratio(rows, first, second)}
+        entry["same_profiles"] = planners_on_same_profiles(documents, first, second,
+                                                           allreduce_all_ms)
+        out.append(entry)
+    return out
