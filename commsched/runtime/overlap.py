@@ -200,6 +200,10 @@ class OverlapRunner:
     def activate(self, plan: Plan) -> None:
         """Installs the plan's update groups (one per first-user module when the plan has none)
         and the hooks that apply them."""
+        # The gradients of an open iteration are held by the slots of the plan they were taken
+        # under; a plan is installed only on an idle engine (PlanLifecycle.install finishes the
+        # runner first, load_state_dict flushes), so none is open here.
+        assert not self.open, "commsched: an overlap plan was activated inside an iteration"
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         self._needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)
