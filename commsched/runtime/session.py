@@ -44,7 +44,8 @@ from .elastic import ElasticBinding
 from .engine import EngineHandle
 from .gradient_hooks import GradientHooks
 from .lifecycle import PlanLifecycle, Scaling
-from .overlap import OverlapRunner, check_overlap_allowed, overlap_possible
+from .overlap import OverlapRunner
+from .overlap_support import check_overlap_allowed, overlap_possible
 from .release import Resources, release, release_orphans
 from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
