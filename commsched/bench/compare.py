@@ -206,9 +206,10 @@ def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for cand in candidates:
         per_rank = world.all_gather_object(cand.ends)
-        slowest = iteration_times(per_rank)
+        # iteration_times pairs steps within a round only: the run's are the rounds' together.
         by_round = [iteration_times([[ends[r]] for ends in per_rank])
                     for r in range(len(cand.ends))]
+        slowest = [t for times in by_round for t in times]
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
                      "p10_ms": 1e3 * _quantile(slowest, 0.1),
                      "p90_ms": 1e3 * _quantile(slowest, 0.9), "samples": len(slowest),

@@ -103,9 +103,9 @@ class OverlapRunner:
         self._taken_ids: list[int] = []
         self._taken_params: list[torch.Tensor] = []
         self._work: list[_GroupWork] = []
-        # Slots in no group: finish() applies them.
+        # Slots in no group: finish() applies them (and the root's end-of-forward hook, Note
+        # [The end of the forward pass], exists only while there are some).
         self._ungrouped: list[int] = []
-        self._groups_cover_all = False
         # Whether no tensor is in two groups: a pending group's tensors are then all pending.
         self._disjoint = False
         self._gathers: list[int] = []
@@ -144,7 +144,7 @@ class OverlapRunner:
             for name in self._groups_at:
                 module = self._named[name]  # activate() mapped unknown names to the root
                 self._handles.append(module.register_forward_pre_hook(self._apply_groups(name)))
-            if not self._groups_cover_all:  # Note [The end of the forward pass]
+            if self._ungrouped:  # Note [The end of the forward pass]
                 root = self._named[self._root_name]
                 self._handles.append(root.register_forward_hook(self._end_of_forward))
 
@@ -230,7 +230,6 @@ class OverlapRunner:
         # step(), flush()), which must wait for the iteration's blocks anyway: the forward hook
         # is left out, one Python call per iteration fewer (a world of one, or a plan with one
         # group, has nothing else at the end of the forward pass).
-        self._groups_cover_all = not self._ungrouped
         self._set_mode(HookMode.ACTIVE)
 
     def _group_work(self, group: UpdateGroup, slot_of: dict[int, int]) -> _GroupWork:
