@@ -15,13 +15,15 @@ Timeline of one iteration (after the profiling steps):
               apply what is left (parameters not used in this forward), and the engine is ready
               for the next backward
 During the profiling steps every module has hooks that record the forward order and each
-module's time; once an overlap plan runs, only the modules that start a group keep one.
+module's time; once an overlap plan runs, only the modules that start a group keep one, except
+in the forward passes the profiler samples (Note [Module times at steady state]).
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -119,31 +121,35 @@ class OverlapRunner:
         self._decompressed: dict[int, int] = {}  # slot -> index in `compressed`, this plan
         self.mode = HookMode.OFF
         self.active = False
+        self._sampled = False  # whether the coming forward pass records module times
         self._set_mode(HookMode.RECORDING)
 
     @property
     def recording(self) -> bool:
         return self.mode is HookMode.RECORDING
 
-    def _set_mode(self, mode: HookMode) -> None:
+    def _set_mode(self, mode: HookMode, sampled: bool = False) -> None:
         """Registers only the hooks `mode` needs: under an overlap plan, the modules that are
         the first user of some parameter (a hook is a Python call per forward; the expensive
-        part, one optimizer call, happens only where a group starts)."""
+        part, one optimizer call, happens only where a group starts), and, for a forward pass
+        the profiler samples, every module's recording hooks (Note [Module times at steady
+        state] in overlap_support.py)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.mode = mode
+        self._sampled = sampled
         # Whether an overlap plan runs: step() leaves the updates to the next forward pass (an
         # attribute, read at every step()).
         self.active = mode is HookMode.ACTIVE
-        if mode is HookMode.RECORDING:
-            for name, module in self._named.items():
-                self._handles.append(module.register_forward_pre_hook(self._record_start(name)))
-                self._handles.append(module.register_forward_hook(self._record_end(name)))
-        elif mode is HookMode.ACTIVE:
+        if mode is HookMode.RECORDING or sampled:
+            # First, so that the root's time ends before the end-of-forward hook's finish().
+            self._handles.extend(self.modules.attach(self._named, self._root_name))
+        if mode is HookMode.ACTIVE:
             for name in self._groups_at:
                 module = self._named[name]  # activate() mapped unknown names to the root
-                self._handles.append(module.register_forward_pre_hook(self._apply_groups(name)))
+                self._handles.append(module.register_forward_pre_hook(
+                    self._apply_groups(name, timed=sampled)))
             if self._ungrouped:  # Note [The end of the forward pass]
                 root = self._named[self._root_name]
                 self._handles.append(root.register_forward_hook(self._end_of_forward))
@@ -271,6 +277,8 @@ class OverlapRunner:
         self._grads = _C.take_grads(self._taken_params)
         self._stamp += 1  # every group and slot is pending (Note [Stamps, not sets])
         self.open = True
+        if self._engine.sampling != self._sampled:
+            self._set_mode(HookMode.ACTIVE, sampled=self._engine.sampling)
         self._released = 0
         if self._gathers:
             self._release_through(0)
@@ -357,19 +365,9 @@ class OverlapRunner:
 
     # -- module hooks -------------------------------------------------------------------------
 
-    def _record_start(self, name: str) -> Callable[[nn.Module, Any], None]:
-        def hook(module: nn.Module, args: Any) -> None:
-            self.modules.start(name)
-        return hook
-
-    def _record_end(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            self.modules.end(name)
-            if name == self._root_name:
-                self.modules.next_iteration()
-        return hook
-
-    def _apply_groups(self, name: str) -> Callable[[nn.Module, Any], None]:
+    def _apply_groups(self, name: str, timed: bool) -> Callable[[nn.Module, Any], None]:
+        """The pre-hook applying `name`'s pending groups; `timed`: in a forward pass that
+        records module times, what it spends is left out of them."""
         indices = self._groups_at[name]
 
         def hook(module: nn.Module, args: Any) -> None:
@@ -379,7 +377,15 @@ class OverlapRunner:
             for index in indices:
                 if done[index] != stamp:
                     self._apply_group(index)
-        return hook
+        if not timed:
+            return hook
+        modules = self.modules
+
+        def timed_hook(module: nn.Module, args: Any) -> None:
+            started = time.perf_counter()
+            hook(module, args)
+            modules.excluded_s += time.perf_counter() - started
+        return timed_hook
 
     def _apply_group(self, index: int) -> None:
         stamp = self._stamp

@@ -317,8 +317,11 @@ def _median_or_none(values: list[float] | None) -> float | None:
 
 
 def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]]) -> list[dict]:
-    """Inclusive forward time per module, and its own time: inclusive minus its children's."""
-    inclusive = {name: _median_or_none(module_times.get(name)) for name in module_order}
+    """Inclusive forward time per module (the median over the latest half of its recorded
+    forward passes, as for ready times: Note [Module times at steady state] in
+    overlap_support.py), and its own time: inclusive minus its children's."""
+    inclusive = {name: _median_or_none(latest_half(module_times.get(name) or []))
+                 for name in module_order}
     children = children_seconds(inclusive)
     rows = []
     for i, name in enumerate(module_order):

@@ -185,6 +185,30 @@ def test_the_profile_does_not_count_deferred_updates_as_forward_compute() -> Non
     opt.session.close()
 
 
+def test_module_times_come_from_sampled_forward_passes_without_the_runners_own_work() -> None:
+    """Note [Module times at steady state]: under an overlap plan, module times are recorded in
+    the forward passes the profiler samples, and only there, and leave out what the runner's
+    hooks spend inside them (here the 30 ms update in the root's pre-hook)."""
+    from commsched.runtime.lifecycle import SAMPLE_EVERY
+    model = _model()
+    opt = commsched.DistributedOptimizer(SlowSGD(model.parameters(), lr=0.1), model=model,
+                                         policy="bytescheduler", profile_steps=2,
+                                         named_parameters=model.named_parameters())
+    _train(model, opt, 2 + SAMPLE_EVERY)
+    runner = opt.session.runner
+    assert runner is not None and runner.active
+    assert opt.plan.update_groups[0].module == "0"  # applied in the root's pre-hook
+    before = len(runner.modules.times[""])
+    steps = 6 * SAMPLE_EVERY
+    _train(model, opt, steps)
+    recorded = runner.modules.times[""][before:]
+    assert abs(len(recorded) - steps // SAMPLE_EVERY) <= 1
+    assert max(recorded) < 0.02
+    rows = {m["name"]: m for m in opt.session.profile_document()["modules"]}
+    assert 0 < rows[""]["forward_time_s"] < 0.02
+    opt.session.close()
+
+
 @pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
 def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples(
         policy: str) -> None:
