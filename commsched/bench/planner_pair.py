@@ -28,10 +28,24 @@ from .compression_speed import parse_candidate
 PAIRS = (("prophet", "bytescheduler"),)
 
 
-def _label_of(labels: list[str], policy: str) -> str | None:
-    found = [label for label in labels
-             if label.startswith("commsched:") and parse_candidate(label)[0] == policy]
-    return found[0] if len(found) == 1 else None
+def _candidates_of(labels: list[str], policy: str) -> list[str]:
+    return [label for label in labels
+            if label.startswith("commsched:") and parse_candidate(label)[0] == policy]
+
+
+def pair_labels(labels: list[str], policy: str, baseline: str) -> tuple[str, str] | None:
+    """The challenger's candidate (it must be the only one of its policy) and the baseline's
+    with the same knobs, or the baseline's only candidate: a benchmark may run the baseline at
+    several knobs (bench_overlap.sh's bytescheduler at 2 MiB and 1 MiB partitions), and the
+    pair compares the planners, not the knobs."""
+    firsts, seconds = _candidates_of(labels, policy), _candidates_of(labels, baseline)
+    if len(firsts) != 1 or not seconds:
+        return None
+    knobs = parse_candidate(firsts[0])[1]
+    same = [label for label in seconds if parse_candidate(label)[1] == knobs]
+    if len(same) == 1:
+        return firsts[0], same[0]
+    return (firsts[0], seconds[0]) if len(seconds) == 1 else None
 
 
 def planners_on_same_profiles(documents: list[dict], first: str, second: str,
@@ -72,13 +86,14 @@ def paired_ratio(rows: list[dict], first: str, second: str) -> float | None:
 
 def compare_pairs(labels: list[str], documents: list[dict], rows: list[dict],
                   allreduce_all_ms: float | None) -> list[dict[str, Any]]:
-    """Every pair of PAIRS whose two policies are both candidates (once each)."""
+    """Every pair of PAIRS whose two policies are both candidates (pair_labels)."""
     out = []
     medians = {row["name"]: row["median_ms"] for row in rows}
     for policy, baseline in PAIRS:
-        first, second = _label_of(labels, policy), _label_of(labels, baseline)
-        if first is None or second is None:
+        pair = pair_labels(labels, policy, baseline)
+        if pair is None:
             continue
+        first, second = pair
         entry: dict[str, Any] = {
             "first": first, "second": second,
             "measured_ratio": medians[first] / medians[second],

@@ -8,7 +8,12 @@ import json
 import pytest
 
 from commsched.bench.compare_report import pair_lines
-from commsched.bench.planner_pair import compare_pairs, paired_ratio, planners_on_same_profiles
+from commsched.bench.planner_pair import (
+    compare_pairs,
+    pair_labels,
+    paired_ratio,
+    planners_on_same_profiles,
+)
 from commsched.sim.profile import builtin_path
 
 PROPHET = "commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB"
@@ -64,3 +69,14 @@ def test_compare_pairs_reports_both_figures_and_needs_both_candidates() -> None:
     assert "identical plans on 1" in line
     assert compare_pairs([PROPHET, "hvd"], [], rows, None) == []
 
+
+
+def test_the_baseline_at_several_knobs_pairs_with_the_challengers_knobs() -> None:
+    small = "commsched:bytescheduler?partition_bytes=1MiB&credit_bytes=2MiB"
+    assert pair_labels([BYTESCHEDULER, small, PROPHET, "commsched:auto"], "prophet",
+                       "bytescheduler") == (PROPHET, BYTESCHEDULER)
+    assert pair_labels([small, PROPHET], "prophet", "bytescheduler") == (PROPHET, small)
+    other = "commsched:bytescheduler?partition_bytes=4MiB"
+    assert pair_labels([small, other, PROPHET], "prophet", "bytescheduler") is None
+    assert pair_labels([PROPHET, "commsched:prophet", BYTESCHEDULER], "prophet",
+                       "bytescheduler") is None
