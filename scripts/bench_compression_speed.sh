@@ -26,9 +26,10 @@ trap 'scripts/netem.sh down' EXIT
 # DDP's hook in two runs on one day, a spread as wide as its distance to the 0.9 target.
 run() {  # model batch out
   scripts/netem.sh up "$RATE"
-  # 12 warm-up steps cover commsched's profiling steps and DDP's start_powerSGD_iter.
+  # 18 warm-up steps cover commsched's profiling steps, its steady-state re-plan ten steps later
+  # (Note [Planning from the steady state]) and DDP's start_powerSGD_iter.
   scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
-    --model "$1" --batch-size "$2" --rounds "${ROUNDS:-5}" --steps "${STEPS:-8}" --warmup 12 \
+    --model "$1" --batch-size "$2" --rounds "${ROUNDS:-5}" --steps "${STEPS:-8}" --warmup 18 \
     --candidates "$CANDIDATES" --predict --link-note "loopback shaped to $RATE" \
     --out "$OUT/$3" 2>&1 | rank0_stdout
 }

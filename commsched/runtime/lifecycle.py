@@ -9,6 +9,9 @@
                   the world's (world_profile.py: the collectives of the rank the others wait
                   for, every rank's compute); `auto` simulates every candidate and takes the
                   fastest
+    refine:       a policy other than `auto` re-plans once more after REFINE_STEPS iterations
+                  of its own plan, from their ready times (Note [Planning from the steady
+                  state])
     `auto` check: after auto.CHECK_STEPS measured iterations, re-plan once if off by > 20%
 
 Every install compares the plan's fingerprint across ranks before the engine gets it, so no
@@ -25,7 +28,15 @@ from typing import TypeVar
 
 from ..compression import Compressor
 from ..config import Config, Policy
-from ..plan import NetModel, Plan, Profile, TensorSpec, make_plan, make_profiling_plan
+from ..plan import (
+    PROFILING_POLICY,
+    NetModel,
+    Plan,
+    Profile,
+    TensorSpec,
+    make_plan,
+    make_profiling_plan,
+)
 from ..plan.compressed import WireLayout, compressed_plan
 from ..sim import FittedNetwork, RunProfile, profile_from_document
 from ..sim.compressed import CompressedRun
@@ -56,9 +67,32 @@ T = TypeVar("T")
 # a world of one, bytescheduler: 1.138x the plain optimizer sampling every 4th iteration, 1.102x
 # every 64th, 1.099x never, medians of one interleaved run). PyTorch DDP samples its runtime
 # statistics every 100th iteration for the same reason (kDDPRuntimeLoggingSampleRate).
+# When the plan settles, the profiler's window starts afresh at the next recorded iteration
+# (Profiler.restart_window): `auto`'s trial windows, each a plan of its own and all of them
+# recorded, otherwise filled half the window a benchmark's end-of-run profile reads (the 3-rank
+# CNN at 1 Gbit/s: its compute before the first gradient 127.1 ms against 97.9 ms under the
+# plan it kept, and the simulator's prediction of that plan 24.8% long).
 SAMPLE_EVERY = 4
 SAMPLED_CLOSELY = 64
 SAMPLE_EVERY_LATER = 64
+
+# Note [Planning from the steady state]
+# The profiling steps are the run's first iterations: warm-up (a Transformer's backward took 4x
+# its steady time for about ten steps here), and the ready times of their latest half are two or
+# three of them. Prophet's blocks follow the gaps between those ready times, and a plan made
+# from warm-up gaps is not the one the steady state needs: at 1 Gbit/s, Prophet's installed
+# plan, simulated on its own end-of-run profile, was predicted 233.9 ms on the CNN and 421.2 ms
+# on the Transformer, where the plan made from that same profile was ByteScheduler's (225.6 and
+# 400.1 ms), and Prophet measured 1.056x and 1.052x ByteScheduler. So a policy other than `auto`
+# (which measures its close calls instead, Note [Measuring the close calls] in auto.py) re-plans
+# once more after REFINE_STEPS iterations of its own plan, every one of them sampled, so that
+# the latest half of the profiler's window holds only its own plan's iterations past their first
+# two. The network stays the one fitted on the profiling steps, where blocks of every size ran
+# one at a time (Note [Profiling one block at a time]): a policy's own blocks are few sizes in
+# flight together and fit worse (Note [Fitting a collective's cost] in profiler.py). Within a
+# benchmark's warm-up steps and in a job's first seconds, the refinement costs one more
+# gathering of the profile and one more plan.
+REFINE_STEPS = 10
 
 # Note [Profiling one block at a time]
 # The profiling steps run their blocks one at a time (a credit of one byte: a block waits until
@@ -99,6 +133,9 @@ class PlanLifecycle:
         self.unsettled = False
         self._settled_at: int | None = None  # the iteration the plan in place settled at
         self._sample_every = engine.sample_every
+        # The network fitted on the profiling steps and its document entry, for the refining
+        # re-plan (Note [Planning from the steady state]).
+        self._profiled_net: tuple[NetModel, dict] | None = None
         self._last_end: float | None = None
         # While a lossy compressor runs: it, and its wire tensors, which every plan carries.
         self.compressor: CompressedGradients | None = None
@@ -158,7 +195,7 @@ class PlanLifecycle:
         plan from the world's profile) after `wire` changed (compression starting mid-run)."""
         if iteration == self.replan_at:
             return  # iteration_ended re-plans now anyway
-        if self.replan_at is not None and iteration < self.replan_at:
+        if self.plan.policy == PROFILING_POLICY:
             self.install(self._profiling_plan(Profile()))
         else:
             self.replan()
@@ -178,7 +215,10 @@ class PlanLifecycle:
                     self._install_choice()
             self._last_end = time.perf_counter()
         if iteration == self.replan_at:
-            self.replan()
+            profiling = self.plan.policy == PROFILING_POLICY
+            self.replan(refine=not profiling)
+            if profiling and auto is None:
+                self.replan_at = iteration + REFINE_STEPS
         settled = (self.replan_at is None or iteration >= self.replan_at) \
             and (auto is None or not auto.deciding)
         if not settled:
@@ -187,25 +227,34 @@ class PlanLifecycle:
         else:
             if self._settled_at is None:
                 self._settled_at = iteration
+                # Note [Sampling the profile]: from here the profile is the settled plan's.
+                self._engine.profiler.restart_window()
             closely = iteration - self._settled_at < SAMPLED_CLOSELY
             every = SAMPLE_EVERY if closely else SAMPLE_EVERY_LATER
         if every != self._sample_every:  # the engine's, without a property call per iteration
             self._sample_every = self._engine.sample_every = every
 
-    def replan(self) -> None:
+    def replan(self, refine: bool = False) -> None:
         """Builds the policy's plan from the world's profile (`_critical`), identically on
-        every rank."""
+        every rank; `refine`: the steady state's re-plan, on the network of the profiling
+        steps when this process fitted it (Note [Planning from the steady state])."""
         if self.auto is not None:
             self._replan_auto()
             return
         cfg, profiler = self._config, self._engine.profiler
         overlap = self._runner is not None and cfg.policy.overlaps_iterations
+        profiling = self.plan.policy == PROFILING_POLICY
         (profile, net, document), world = self._critical(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
              self.profile_document()), profiler.samples_by_op)
         if world is not None:
             profile = Profile(tuple(0.0 if t is None else t for t in world.ready_times))
             document = with_world_compute(document, world)
+        if profiling:
+            self._profiled_net = (net, document["collectives"])
+        elif refine and self._profiled_net is not None:  # Note [Planning from the steady state]
+            net, collectives = self._profiled_net
+            document = {**document, "collectives": collectives}
         plan = self._policy_plan(profile, net)
         if overlap:
             run, compressed = self._run_of(document)

@@ -172,6 +172,7 @@ class Profiler:
     # read into update_samples once it has (Note [Which clock]).
     _pending_updates: list[tuple[int, EventSpan]] = field(default_factory=list)
     _kept_samples: int = 0  # over collective_rounds
+    _restart: bool = False  # the next recorded iteration starts the window (restart_window)
 
     @property
     def samples_by_op(self) -> dict[str, list[tuple[int, float]]]:
@@ -192,6 +193,8 @@ class Profiler:
                ops: Sequence[str] | None = None, clocks: dict[str, str] | None = None) -> None:
         """One iteration's figures from the engine; `clocks` ({"ready", "collective"} -> clock,
         the engine's last_clocks()) says where they came from (CPU when not given)."""
+        if self._restart:
+            self._start_window()
         marked = [t for t in ready_us if t >= 0]
         if marked:
             self.clocks["ready_time_s"] = (clocks or {}).get("ready", CPU)
@@ -211,6 +214,22 @@ class Profiler:
                 round_.setdefault(op, []).append((nbytes, service / 1e6))
         if round_:
             self._add_round(round_)
+
+    def restart_window(self) -> None:
+        """Makes the next recorded iteration the window's first: the iterations recorded so far
+        ran other plans (`auto`'s trials, the profiling steps). They stay until then, so that
+        a profile read before it is not empty."""
+        self._restart = True
+
+    def _start_window(self) -> None:
+        self._restart = False
+        self.ready_samples.clear()
+        self.before_first_ready_rows.clear()
+        self.collective_rounds.clear()
+        self._kept_samples = 0
+        for kind, values in self.compute_samples.items():
+            # This iteration's compute before its first gradient was noted before record().
+            del values[:-1 if kind == "before_first_ready_s" else None]
 
     def _add_round(self, round_: dict[str, list[tuple[int, float]]]) -> None:
         # A running count: summing every kept round again cost more than the rest of record().

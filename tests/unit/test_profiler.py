@@ -44,6 +44,28 @@ def test_profile_is_median_ready_time_of_the_latest_half() -> None:
     assert net.alpha == 5.0 and net.beta == pytest.approx(2.5e-8)
 
 
+def test_a_restarted_window_keeps_its_figures_until_the_next_recorded_iteration() -> None:
+    """Note [Sampling the profile]: when the plan settles, the profile becomes the settled
+    plan's from its first recorded iteration on; until then it is what it was."""
+    prof = Profiler(num_tensors=2)
+    for _ in range(4):  # another plan's iterations (auto's trials)
+        prof.note("before_first_ready_s", 9.0)
+        prof.record([0, 900], [(0, 400, 0, 0, 90, 90)])
+        prof.note("step_s", 7.0)
+    prof.restart_window()
+    assert prof.profile().ready_times == pytest.approx((0.0, 900e-6))  # not emptied yet
+    assert prof.compute() == {"before_first_ready_s": 9.0, "step_s": 7.0}
+    prof.note("before_first_ready_s", 1.0)  # the settled plan's first recorded iteration
+    prof.record([0, 100], [(0, 400, 0, 0, 10, 10)])
+    prof.note("step_s", 0.5)
+    assert prof.iterations == 1 and prof.iteration_rows()[0].before_first_ready_s == 1.0
+    assert prof.profile().ready_times == pytest.approx((0.0, 100e-6))
+    assert prof.compute() == {"before_first_ready_s": 1.0, "step_s": 0.5}
+    assert prof.collective_samples == [(400, 10e-6)]
+    prof.record([0, 300], [(0, 400, 0, 0, 30, 30)])  # and the window grows again
+    assert prof.iterations == 2
+
+
 def test_collective_fit_is_least_squares_on_an_exact_line() -> None:
     samples = [(n, 2e-4 + 3e-9 * n) for n in (1_000, 10_000, 100_000, 1_000_000)]
     net = fit_collective(samples)

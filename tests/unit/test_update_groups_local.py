@@ -13,8 +13,13 @@ import torch
 from torch import nn
 
 import commsched
-from commsched.plan import UpdateGroup
+from commsched.plan import NetModel, Plan, Profile, UpdateGroup
+from commsched.runtime.lifecycle import REFINE_STEPS
 from commsched.sim.overlap import completing_blocks
+
+# With profile_steps=2: the iteration after which the plan has settled (the profiling steps,
+# then the policy's first plan until its steady-state re-plan).
+SETTLED = 2 + REFINE_STEPS
 
 
 def _model() -> nn.Module:
@@ -49,8 +54,8 @@ def test_planned_groups_update_like_the_plain_optimizer(
                                           named_parameters=model.named_parameters(),
                                           profile_steps=2)
     assert len(_hooked(model)) == len(list(model.modules()))  # profiling: every module records
-    _train(model, ours, 6)
-    _train(twin, make(twin.parameters()), 6)
+    _train(model, ours, SETTLED + 2)
+    _train(twin, make(twin.parameters()), SETTLED + 2)
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
     session = ours.session
@@ -77,7 +82,7 @@ def test_a_costly_call_with_nothing_to_wait_for_makes_one_group() -> None:
                                          model=model, policy="bytescheduler",
                                          named_parameters=model.named_parameters(),
                                          profile_steps=2)
-    _train(model, opt, 3)
+    _train(model, opt, SETTLED + 1)
     # A world of one: every block is done before the forward pass starts, so nothing is
     # gained by a second call.
     assert len(opt.plan.update_groups) == 1
@@ -194,7 +199,7 @@ def test_module_times_come_from_sampled_forward_passes_without_the_runners_own_w
     opt = commsched.DistributedOptimizer(SlowSGD(model.parameters(), lr=0.1), model=model,
                                          policy="bytescheduler", profile_steps=2,
                                          named_parameters=model.named_parameters())
-    _train(model, opt, 2 + SAMPLE_EVERY)
+    _train(model, opt, SETTLED + SAMPLE_EVERY)
     runner = opt.session.runner
     assert runner is not None and runner.active
     assert opt.plan.update_groups[0].module == "0"  # applied in the root's pre-hook
@@ -221,7 +226,7 @@ def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples
                                          policy=policy, named_parameters=model.named_parameters(),
                                          profile_steps=2)
     profiler = opt.session.engine.profiler
-    _train(model, opt, 4)
+    _train(model, opt, SETTLED + 2 * SAMPLE_EVERY)  # the window restarted when it settled
 
     def counts() -> tuple[int, int, int, int]:
         compute = profiler.compute_samples
@@ -254,15 +259,50 @@ def test_a_settled_plan_is_sampled_closely_then_rarely(policy: str) -> None:
                                          profile_steps=2)
     engine = opt.session.engine
     sampled = []
-    for _ in range(2 + SAMPLED_CLOSELY + 2 * SAMPLE_EVERY_LATER):
+    for _ in range(SETTLED + SAMPLED_CLOSELY + 2 * SAMPLE_EVERY_LATER):
         sampled.append(engine.sampling)
         _train(model, opt, 1)
-    settled = 2  # the plan is built after the two profiling steps
-    assert all(sampled[:settled])  # the profiling steps record every iteration
+    settled = SETTLED  # Note [Planning from the steady state]
+    assert all(sampled[:settled])  # the profiling steps and the refinement record every one
     closely = sampled[settled:settled + SAMPLED_CLOSELY]
     later = sampled[settled + SAMPLED_CLOSELY:]
     assert abs(sum(closely) - len(closely) // SAMPLE_EVERY) <= 1
     assert 1 <= sum(later) <= len(later) // SAMPLE_EVERY_LATER + 1
+    opt.session.close()
+
+
+@pytest.mark.parametrize("policy", ["horovod", "prophet"])
+def test_a_policy_replans_once_from_its_own_plans_iterations(
+        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Planning from the steady state]: REFINE_STEPS after the profiling steps the policy
+    plans again, once, from its own plan's iterations, on the profiling steps' network."""
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2)
+    lifecycle, profiler = opt.session.lifecycle, opt.session.engine.profiler
+    made: list[tuple[NetModel, int]] = []
+    policy_plan = lifecycle._policy_plan
+
+    def spy(profile: Profile, net: NetModel) -> Plan:
+        made.append((net, profiler.iterations))
+        return policy_plan(profile, net)
+
+    monkeypatch.setattr(lifecycle, "_policy_plan", spy)
+    _train(model, opt, 2)
+    assert len(made) == 1 and lifecycle.replan_at == SETTLED
+    # Blocks timed under the policy's own plan that would fit another network.
+    for _ in range(2 * SETTLED):
+        profiler._add_round({"allreduce": [(1000, 5.0), (2000, 9.0)]})
+    assert profiler.net_model() != made[0][0]
+    _train(model, opt, REFINE_STEPS)
+    assert len(made) == 2 and made[1][0] == made[0][0]
+    # Every iteration recorded (an overlap plan's latest is recorded in the next forward pass).
+    assert made[1][1] >= SETTLED - 1
+    _train(model, opt, 3 * REFINE_STEPS)
+    assert len(made) == 2 and lifecycle.replan_at == SETTLED
+    assert not any(n == 9.0 for rounds in profiler.collective_rounds
+                   for blocks in rounds.values() for _, n in blocks)  # the window restarted
     opt.session.close()
 
 
