@@ -115,7 +115,7 @@ def settling(optimizer: Any) -> bool:
     """Whether `auto` (when `optimizer` runs it) has yet to settle on the plan that stays:
     timed rounds must measure that plan, not its trials (Note [Measuring the close calls])."""
     auto = getattr(optimizer, "auto", None)
-    return auto is not None and auto.deciding
+    return auto is not None and not auto.settled
 
 
 def step_until_settled(optimizer: Any, step: Callable[[int], None], first: int) -> int:

@@ -11,6 +11,7 @@ decisions are also taken from rank 0's measurements for the same reason.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..plan import Plan
 from ..sim import Ranked
 
 if TYPE_CHECKING:
@@ -160,6 +162,10 @@ class AutoState:
     # None: not drawn up yet) and each measured window's median per index.
     pending: list[int] | None = None
     windows: dict[int, list[float]] = field(default_factory=dict)
+    # Note [Planning from the steady state] in lifecycle.py: whether the plan kept has been
+    # planned again from its own iterations (`refining`: that re-plan is due).
+    refined: bool = False
+    refining: bool = False
 
     @property
     def chosen(self) -> Ranked | None:
@@ -206,6 +212,17 @@ class AutoState:
         """True until the plan that stays is installed and measured (a caller timing steady
         iterations waits for this)."""
         return self.predicted_s is not None and self.measured_s is None
+
+    @property
+    def settled(self) -> bool:
+        """True once the plan that stays runs as it will: decided, and planned again from its
+        own iterations (a caller timing steady iterations waits for this)."""
+        return not self.deciding and not self.refining
+
+    def refine(self, plan: Plan) -> None:
+        """`plan`: the kept policy's, with its knobs, made from the kept plan's own iterations."""
+        self.choices[self.current] = dataclasses.replace(self.choices[self.current], plan=plan)
+        self.refined, self.refining = True, False
 
     def record(self, period_s: float) -> bool:
         """Records one measured iteration after the choice; True when CHECK_STEPS are in and

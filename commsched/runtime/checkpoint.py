@@ -36,7 +36,8 @@ def tensor_signature(specs: list[TensorSpec]) -> list[list[Any]]:
     return [[s.name, s.numel, s.dtype] for s in specs]
 
 
-_AUTO_FIELDS = ("predicted_s", "measured_s", "replanned", "periods", "history")
+_AUTO_FIELDS = ("predicted_s", "measured_s", "replanned", "periods", "history", "refined",
+                "refining")
 
 
 def capture(session: Session) -> dict[str, Any] | None:

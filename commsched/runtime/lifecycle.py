@@ -9,9 +9,9 @@
                   the world's (world_profile.py: the collectives of the rank the others wait
                   for, every rank's compute); `auto` simulates every candidate and takes the
                   fastest
-    refine:       a policy other than `auto` re-plans once more after REFINE_STEPS iterations
-                  of its own plan, from their ready times (Note [Planning from the steady
-                  state])
+    refine:       the policy re-plans once more after REFINE_STEPS iterations of its own plan
+                  (`auto`: of the plan it kept after its trials), from their ready times (Note
+                  [Planning from the steady state])
     `auto` check: after auto.CHECK_STEPS measured iterations, re-plan once if off by > 20%
 
 Every install compares the plan's fingerprint across ranks before the engine gets it, so no
@@ -41,6 +41,7 @@ from ..plan.compressed import WireLayout, compressed_plan
 from ..sim import FittedNetwork, RunProfile, profile_from_document
 from ..sim.compressed import CompressedRun
 from ..sim.overlap import with_update_groups
+from ..sim.rank import PlanCache, planner_model
 from ..world import World, check_identical
 from .auto import AutoState, Verdict
 from .compressed import CompressedGradients
@@ -79,19 +80,21 @@ SAMPLE_EVERY_LATER = 64
 # Note [Planning from the steady state]
 # The profiling steps are the run's first iterations: warm-up (a Transformer's backward took 4x
 # its steady time for about ten steps here), and the ready times of their latest half are two or
-# three of them. Prophet's blocks follow the gaps between those ready times, and a plan made
-# from warm-up gaps is not the one the steady state needs: at 1 Gbit/s, Prophet's installed
-# plan, simulated on its own end-of-run profile, was predicted 233.9 ms on the CNN and 421.2 ms
-# on the Transformer, where the plan made from that same profile was ByteScheduler's (225.6 and
-# 400.1 ms), and Prophet measured 1.056x and 1.052x ByteScheduler. So a policy other than `auto`
-# (which measures its close calls instead, Note [Measuring the close calls] in auto.py) re-plans
-# once more after REFINE_STEPS iterations of its own plan, every one of them sampled, so that
-# the latest half of the profiler's window holds only its own plan's iterations past their first
-# two. The network stays the one fitted on the profiling steps, where blocks of every size ran
-# one at a time (Note [Profiling one block at a time]): a policy's own blocks are few sizes in
-# flight together and fit worse (Note [Fitting a collective's cost] in profiler.py). Within a
-# benchmark's warm-up steps and in a job's first seconds, the refinement costs one more
-# gathering of the profile and one more plan.
+# three of them. Plans that pack what is ready when the channel frees (ByteScheduler, Prophet,
+# MG-WFBP) change with those ready times: at 1 Gbit/s on 2 ranks, Prophet's plan made from the
+# profiling steps, simulated on its own end-of-run profile, was predicted 233.9 ms on the CNN and
+# 421.2 ms on the Transformer, and the plan made from that end profile 225.6 and 400.1 ms. So
+# the policy re-plans once more after REFINE_STEPS iterations of its own plan, every one of them
+# sampled, so that the latest half of the profiler's window holds only its own plan's iterations
+# past their first two. `auto` does the same for the plan it keeps after its trials (the same
+# policy with the same knobs, from the window restarted when it kept it). With the refinement
+# the gap between the installed plan and the one made from the end profile came to 0.2%
+# (Prophet) and 0.9% (ByteScheduler) on the CNN, 2.9% and
+# 0.3% on the Transformer. The network stays the one fitted on the profiling steps, where blocks
+# of every size ran one at a time (Note [Profiling one block at a time]): a policy's own blocks
+# are few sizes in flight together and fit worse (Note [Fitting a collective's cost] in
+# profiler.py). The refinement costs one more gathering of the profile and one more plan, in a
+# job's first seconds.
 REFINE_STEPS = 10
 
 # Note [Profiling one block at a time]
@@ -133,9 +136,9 @@ class PlanLifecycle:
         self.unsettled = False
         self._settled_at: int | None = None  # the iteration the plan in place settled at
         self._sample_every = engine.sample_every
-        # The network fitted on the profiling steps and its document entry, for the refining
+        # The profile document's collectives of the profiling steps, for the steady state's
         # re-plan (Note [Planning from the steady state]).
-        self._profiled_net: tuple[NetModel, dict] | None = None
+        self._profiled_collectives: dict | None = None
         self._last_end: float | None = None
         # While a lossy compressor runs: it, and its wire tensors, which every plan carries.
         self.compressor: CompressedGradients | None = None
@@ -216,11 +219,20 @@ class PlanLifecycle:
             self._last_end = time.perf_counter()
         if iteration == self.replan_at:
             profiling = self.plan.policy == PROFILING_POLICY
-            self.replan(refine=not profiling)
+            if auto is not None and not profiling:
+                self._refine_auto()
+            else:
+                self.replan(refine=not profiling)
             if profiling and auto is None:
                 self.replan_at = iteration + REFINE_STEPS
+        if auto is not None and not auto.deciding and not auto.refined and not auto.refining \
+                and auto.choices:
+            # Note [Planning from the steady state]: the plan kept, from its own iterations.
+            auto.refining = True
+            self.replan_at = iteration + REFINE_STEPS
+            self._engine.profiler.restart_window()  # the trials ran other plans
         settled = (self.replan_at is None or iteration >= self.replan_at) \
-            and (auto is None or not auto.deciding)
+            and (auto is None or auto.settled)
         if not settled:
             self._settled_at = None
             every = 1
@@ -251,10 +263,11 @@ class PlanLifecycle:
             profile = Profile(tuple(0.0 if t is None else t for t in world.ready_times))
             document = with_world_compute(document, world)
         if profiling:
-            self._profiled_net = (net, document["collectives"])
-        elif refine and self._profiled_net is not None:  # Note [Planning from the steady state]
-            net, collectives = self._profiled_net
-            document = {**document, "collectives": collectives}
+            self._profiled_collectives = document["collectives"]
+        elif refine and self._profiled_collectives is not None:
+            # Note [Planning from the steady state]
+            document = {**document, "collectives": self._profiled_collectives}
+            net = planner_model(FittedNetwork.from_document(document), cfg)
         plan = self._policy_plan(profile, net)
         if overlap:
             run, compressed = self._run_of(document)
@@ -275,10 +288,36 @@ class PlanLifecycle:
         document, world = self._critical(self.profile_document(),
                                          self._engine.profiler.samples_by_op)
         document = with_world_compute(document, world)
+        if self.plan.policy == PROFILING_POLICY:
+            self._profiled_collectives = document["collectives"]
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
         overlap_allowed = self._runner is not None and self._world.size > 1
         self.auto.choose(document, self._config, overlap_allowed, self._run_of(document)[1])
         self.write_profile(document)
+        self._install_choice()
+
+    def _refine_auto(self) -> None:
+        """Plans `auto`'s kept policy, with its knobs, again from the iterations it ran since
+        it was kept, on the network `auto` chose with (Note [Planning from the steady state])."""
+        auto = self.auto
+        assert auto is not None
+        document, world = self._critical(self.profile_document(),
+                                         self._engine.profiler.samples_by_op)
+        document = with_world_compute(document, world)
+        if self._profiled_collectives is not None:
+            document = {**document, "collectives": self._profiled_collectives}
+        chosen = auto.chosen
+        if chosen is None:  # restored from a checkpoint: the ranking was not saved
+            auto.refined, auto.refining = True, False
+            return
+        run, compressed = self._run_of(document)
+        plan = PlanCache(run, self._config, compressed).plan(
+            chosen.policy, chosen.knobs, FittedNetwork.from_document(document))
+        self.write_profile(document)
+        log.info("commsched auto: rank %d plans %s %s again from its own iterations: %s, %d "
+                 "blocks", self._world.rank, chosen.policy.value, chosen.knobs, plan.fingerprint,
+                 len(plan.blocks))
+        auto.refine(plan)
         self._install_choice()
 
     def _install_choice(self) -> None:

@@ -190,3 +190,20 @@ def test_a_state_restored_from_a_checkpoint_keeps_its_plan() -> None:
         {"policy": "dear", "knobs": {}, "predicted_s": 0.30, "measured_s": None, "why": "trial"}])
     assert state.deciding
     assert state.conclude(0.50) is Verdict.KEEP and not state.deciding
+
+
+def test_auto_is_settled_once_its_kept_plan_is_planned_again() -> None:
+    """Note [Planning from the steady state]: the plan kept is rebuilt once from its own
+    iterations; a benchmark times `auto` only after that."""
+    state = _state(("bytescheduler", 0.454), ("horovod", 0.60))
+    _run_windows(state, {"bytescheduler": [0.46]})
+    assert not state.deciding and state.settled
+    state.refining = True  # the lifecycle schedules the re-plan
+    assert not state.settled
+    kept = state.chosen
+    assert kept is not None
+    again = Plan("bytescheduler", ())
+    state.refine(again)
+    assert state.settled and state.refined and state.chosen is not None
+    assert state.chosen.plan is again and state.chosen.policy == kept.policy
+    assert state.chosen.knobs == kept.knobs and state.measured_s == 0.46

@@ -306,6 +306,35 @@ def test_a_policy_replans_once_from_its_own_plans_iterations(
     opt.session.close()
 
 
+def test_auto_plans_its_kept_policy_again_from_its_own_iterations() -> None:
+    """Note [Planning from the steady state]: once `auto` has kept a plan, REFINE_STEPS
+    iterations of it later the same policy with the same knobs is planned again from them;
+    a benchmark (commsched.bench.compare.settling) times it only after that."""
+    from commsched.bench.compare import settling
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy="auto", named_parameters=model.named_parameters(),
+                                         profile_steps=2)
+    auto, lifecycle = opt.auto, opt.session.lifecycle
+    assert auto is not None
+    _train(model, opt, 2)  # the profiling steps
+    steps = 2
+    while auto.deciding:
+        _train(model, opt, 1)
+        steps += 1
+        assert steps < 200
+    kept = auto.chosen
+    assert kept is not None and auto.refining and settling(opt)
+    assert lifecycle.replan_at is not None and lifecycle.replan_at > steps
+    _train(model, opt, REFINE_STEPS + 1)
+    assert auto.refined and not auto.refining and not settling(opt)
+    assert auto.chosen is not None and auto.chosen.policy == kept.policy
+    assert auto.chosen.knobs == kept.knobs and opt.plan is auto.chosen.plan
+    _train(model, opt, 3 * REFINE_STEPS)
+    assert opt.plan is auto.chosen.plan  # once
+    opt.session.close()
+
+
 @pytest.mark.parametrize("policy", ["bytescheduler", "auto"])
 def test_profiling_steps_run_one_block_at_a_time(policy: str) -> None:
     """Note [Profiling one block at a time]: the profiling plan's blocks are timed alone; the
