@@ -29,6 +29,12 @@ from .units import layerwise, layerwise_decoupled
 PROFILING_POLICY = "layerwise"
 
 
+def is_profiling_plan(plan: Plan) -> bool:
+    """Whether `plan` is the profiling steps' plan, also under a lossy compressor (whose plans
+    are named `<policy>+<compressor>`: compressed.compressed_plan)."""
+    return plan.policy.split("+", 1)[0] == PROFILING_POLICY
+
+
 def make_plan(policy: Policy, specs: list[TensorSpec], profile: Profile, net: NetModel,
               cfg: Config) -> Plan:
     if policy is Policy.HOROVOD:
@@ -57,5 +63,6 @@ def make_profiling_plan(specs: list[TensorSpec], profile: Profile,
 
 __all__ = ["Block", "Collective", "NetModel", "Piece", "Plan", "Profile", "Stage", "TensorSpec",
            "UpdateGroup",
-           "dtype_name", "make_plan", "make_profiling_plan", "plan_from_dict", "plan_to_dict",
+           "dtype_name", "is_profiling_plan", "make_plan", "make_profiling_plan",
+           "plan_from_dict", "plan_to_dict",
            "PROFILING_POLICY"]

@@ -29,11 +29,11 @@ from typing import TypeVar
 from ..compression import Compressor
 from ..config import Config, Policy
 from ..plan import (
-    PROFILING_POLICY,
     NetModel,
     Plan,
     Profile,
     TensorSpec,
+    is_profiling_plan,
     make_plan,
     make_profiling_plan,
 )
@@ -198,7 +198,7 @@ class PlanLifecycle:
         plan from the world's profile) after `wire` changed (compression starting mid-run)."""
         if iteration == self.replan_at:
             return  # iteration_ended re-plans now anyway
-        if self.plan.policy == PROFILING_POLICY:
+        if is_profiling_plan(self.plan):
             self.install(self._profiling_plan(Profile()))
         else:
             self.replan()
@@ -218,7 +218,7 @@ class PlanLifecycle:
                     self._install_choice()
             self._last_end = time.perf_counter()
         if iteration == self.replan_at:
-            profiling = self.plan.policy == PROFILING_POLICY
+            profiling = is_profiling_plan(self.plan)
             if auto is not None and not profiling:
                 self._refine_auto()
             else:
@@ -255,7 +255,7 @@ class PlanLifecycle:
             return
         cfg, profiler = self._config, self._engine.profiler
         overlap = self._runner is not None and cfg.policy.overlaps_iterations
-        profiling = self.plan.policy == PROFILING_POLICY
+        profiling = is_profiling_plan(self.plan)
         (profile, net, document), world = self._critical(
             (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
              self.profile_document()), profiler.samples_by_op)
@@ -288,7 +288,7 @@ class PlanLifecycle:
         document, world = self._critical(self.profile_document(),
                                          self._engine.profiler.samples_by_op)
         document = with_world_compute(document, world)
-        if self.plan.policy == PROFILING_POLICY:
+        if is_profiling_plan(self.plan):
             self._profiled_collectives = document["collectives"]
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
         overlap_allowed = self._runner is not None and self._world.size > 1

@@ -335,6 +335,32 @@ def test_auto_plans_its_kept_policy_again_from_its_own_iterations() -> None:
     opt.session.close()
 
 
+@pytest.mark.parametrize("policy", ["horovod", "auto"])
+def test_the_steady_state_re_plan_follows_the_profiling_steps_under_a_lossy_compressor(
+        policy: str) -> None:
+    """A compressed plan is named `<policy>+<compressor>`: the profiling steps' plan too, and
+    what follows them must still be the policy's plan (auto: its choice), then its re-plan."""
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2,
+                                         compression=commsched.Compression.topk(ratio=0.25))
+    assert opt.plan.policy.startswith("layerwise+")
+    _train(model, opt, 2)
+    assert not opt.plan.policy.startswith("layerwise")
+    auto = opt.auto
+    if auto is None:
+        assert opt.session.lifecycle.replan_at == SETTLED
+    else:
+        assert auto.chosen is not None and auto.deciding
+        for _ in range(200):
+            if auto.refined:
+                break
+            _train(model, opt, 1)
+        assert auto.refined and auto.settled and opt.plan is auto.chosen.plan
+    opt.session.close()
+
+
 @pytest.mark.parametrize("policy", ["bytescheduler", "auto"])
 def test_profiling_steps_run_one_block_at_a_time(policy: str) -> None:
     """Note [Profiling one block at a time]: the profiling plan's blocks are timed alone; the
