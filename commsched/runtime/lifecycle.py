@@ -285,9 +285,7 @@ class PlanLifecycle:
     def _replan_auto(self) -> None:
         """Simulates every valid plan on the world's profile and installs the fastest."""
         assert self.auto is not None
-        document, world = self._critical(self.profile_document(),
-                                         self._engine.profiler.samples_by_op)
-        document = with_world_compute(document, world)
+        document = self._world_document()
         if is_profiling_plan(self.plan):
             self._profiled_collectives = document["collectives"]
         # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
@@ -301,15 +299,13 @@ class PlanLifecycle:
         it was kept, on the network `auto` chose with (Note [Planning from the steady state])."""
         auto = self.auto
         assert auto is not None
-        document, world = self._critical(self.profile_document(),
-                                         self._engine.profiler.samples_by_op)
-        document = with_world_compute(document, world)
-        if self._profiled_collectives is not None:
-            document = {**document, "collectives": self._profiled_collectives}
         chosen = auto.chosen
-        if chosen is None:  # restored from a checkpoint: the ranking was not saved
+        if chosen is None:  # restored from a checkpoint on every rank: no ranking was saved
             auto.refined, auto.refining = True, False
             return
+        document = self._world_document()
+        if self._profiled_collectives is not None:
+            document = {**document, "collectives": self._profiled_collectives}
         run, compressed = self._run_of(document)
         plan = PlanCache(run, self._config, compressed).plan(
             chosen.policy, chosen.knobs, FittedNetwork.from_document(document))
@@ -353,6 +349,13 @@ class PlanLifecycle:
         gathered = self._world.all_gather_object((waited_s(samples_by_op), rows, mine))
         chosen = gathered[critical_rank([w for w, _, _ in gathered])][2]
         return chosen, world_compute([r for _, r, _ in gathered])
+
+    def _world_document(self) -> dict:
+        """The profile document of the rank the others wait for, with every rank's compute
+        (all ranks call this together)."""
+        document, world = self._critical(self.profile_document(),
+                                         self._engine.profiler.samples_by_op)
+        return with_world_compute(document, world)
 
     def profile_document(self) -> dict:
         """This rank's profile as the JSON document of docs/profile.md."""
