@@ -8,6 +8,7 @@
 # Python: $GPU_CHECK_PYTHON, else .venv/bin/python if its torch sees a GPU (scripts/setup.sh made
 # it), else python3 (the GPU machines' image: a CUDA torch, pytest, transformers, no registry),
 # whose build goes in place (commsched/_C*.so, git-ignored) since setup.sh would need a registry.
+# $GPU_CHECK_COMMIT names the commit in the report where the copy has no .git (the device tool).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -52,7 +53,7 @@ OVERHEAD_COMMAND="scripts/gpu_check.sh" "$PY" -m commsched.bench.overhead --devi
 BENCH_RC=${PIPESTATUS[0]}
 set -e
 
-"$PY" - "$OUT" "$TESTS_RC" "$BENCH_RC" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PYEOF'
+"$PY" - "$OUT" "$TESTS_RC" "$BENCH_RC" "${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" <<'PYEOF'
 import datetime
 import os
 import sys

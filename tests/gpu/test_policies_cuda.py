@@ -59,7 +59,9 @@ def _nccl_group_of_one(timeline_dir: str) -> dict:
         out[policy] = {"equal": bit_equal(ours, train_plain()),
                        "diff": max_difference(ours, train_plain()),
                        "clocks": doc["clocks"],
-                       "samples": doc["collectives"].get("allreduce", {}).get("samples", [])}
+                       # dear's collectives are reduce-scatter and all-gather, not allreduce
+                       "samples": [sample for collective in doc["collectives"].values()
+                                   for sample in collective.get("samples", [])]}
         opt.session.close()
     return out
 
