@@ -10,6 +10,11 @@ from torch import nn
 STEPS = 8
 PROFILE_STEPS = 2
 WIDTH = 256
+# A stuck rank must fail with commsched's own error naming the wait (COMMSCHED_TIMEOUT), or else
+# with every thread's stack from the helper (its timeout), before pytest's 300 s limit kills the
+# test with neither: the H200 run of 2026-11-26 lost the two-rank test's cause that way.
+RANK_ENV = {"COMMSCHED_TIMEOUT": "60"}
+RANK_TIMEOUT_S = 200.0
 
 
 def mlp(width: int = WIDTH, layers: int = 4) -> nn.Module:

@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import sys
 
 import pytest
 import torch
-from cuda_models import bit_equal, max_difference, train_plain, train_wrapped
+from cuda_models import (
+    RANK_ENV,
+    RANK_TIMEOUT_S,
+    bit_equal,
+    max_difference,
+    train_plain,
+    train_wrapped,
+)
 from helpers import distributed_test
 
 from commsched.config import Policy
@@ -47,6 +55,7 @@ def _nccl_group_of_one(timeline_dir: str) -> dict:
     assert dist.get_backend() == "nccl" and commsched.size() == 1
     out: dict = {}
     for policy in POLICIES:
+        print(f"training with {policy}", file=sys.stderr, flush=True)  # a hang's where
         if policy == "horovod":
             os.environ["COMMSCHED_TIMELINE"] = os.path.join(timeline_dir, "trace.json")
         ours, opt = train_wrapped(policy, rank=0)
@@ -67,8 +76,8 @@ def _nccl_group_of_one(timeline_dir: str) -> dict:
 
 
 def test_nccl_group_of_one_equals_the_plain_optimizer(tmp_path: pathlib.Path) -> None:
-    results = distributed_test(_nccl_group_of_one, world_size=1, timeout=300,
-                               args=(str(tmp_path),))[0]
+    results = distributed_test(_nccl_group_of_one, world_size=1, timeout=RANK_TIMEOUT_S,
+                               env=RANK_ENV, args=(str(tmp_path),))[0]
     for policy, result in results.items():
         assert result["equal"], f"{policy}: differs by {result['diff']}"
         assert result["clocks"]["ready_time_s"] == "device_event"
@@ -96,6 +105,7 @@ def _two_ranks_gloo() -> dict:
     rank = commsched.init().rank
     out: dict = {}
     for policy in POLICIES:
+        print(f"rank {rank}: training with {policy}", file=sys.stderr, flush=True)  # a hang's where
         ours, opt = train_wrapped(policy, rank, op=commsched.Sum)
         reference = train_plain(world=2)
         out[policy] = {"equal": bit_equal(ours, reference),
@@ -106,7 +116,8 @@ def _two_ranks_gloo() -> dict:
 
 
 def test_two_gloo_ranks_on_cuda_tensors_equal_the_summed_reference() -> None:
-    results = distributed_test(_two_ranks_gloo, world_size=2, timeout=400)
+    results = distributed_test(_two_ranks_gloo, world_size=2, timeout=RANK_TIMEOUT_S,
+                               env=RANK_ENV)
     for rank, per_policy in results.items():
         for policy, result in per_policy.items():
             assert result["equal"], f"rank {rank}, {policy}: differs by {result['diff']}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+from cuda_models import RANK_ENV, RANK_TIMEOUT_S
 from helpers import distributed_test
 from torch import nn
 
@@ -54,7 +55,7 @@ def _job() -> dict:
 
 
 def test_fitted_beta_matches_cuda_events() -> None:
-    results = distributed_test(_job, world_size=2, timeout=300)
+    results = distributed_test(_job, world_size=2, timeout=RANK_TIMEOUT_S, env=RANK_ENV)
     for rank, result in results.items():
         doc = result["doc"]
         assert doc["clocks"]["collective_s"] == "device_event", doc["clocks"]
