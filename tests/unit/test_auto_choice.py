@@ -8,9 +8,11 @@ from commsched.config import Policy
 from commsched.plan import Block, Collective, Piece, Plan, Stage
 from commsched.runtime.auto import (
     CHECK_STEPS,
+    CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
     SWITCH_MARGIN,
     TRIAL_STEPS,
+    TRIAL_WINDOW,
     AutoState,
     Verdict,
     measured_fastest,
@@ -69,6 +71,22 @@ def test_runners_up_are_the_best_of_each_other_policy_within_the_window() -> Non
     assert runners_up(candidates, trials=0) == []
     assert runners_up(candidates, trials=5) == [2, 4]  # horovod is 30% behind: not a close call
     assert runners_up([], trials=2) == []
+
+
+def test_a_runner_up_predicted_from_another_fit_has_the_wider_window() -> None:
+    # Note [A prediction from another fit]: dear's reduce-scatter/all-gather plan against an
+    # all-reduce leader (the 3-rank CNN's case: dear 20% behind on paper, measured faster).
+    def decoupled(seconds: float) -> Ranked:
+        return Ranked(Policy.DEAR, {}, Plan("dear", (
+            Block(0, (Piece(0, 0, 9),), "float32", Collective.REDUCE_SCATTER),
+            Block(1, (Piece(0, 0, 9),), "float32", Collective.ALL_GATHER, source=0))), seconds)
+
+    leader = ranked(("bytescheduler", 1.00), ("horovod", 1.20))
+    assert runners_up([*leader, decoupled(1.20)], trials=2) == [2]  # horovod: same fit, 20% off
+    assert runners_up([*leader, decoupled(1.0 + CROSS_FIT_TRIAL_WINDOW * 1.01)], trials=2) == []
+    assert runners_up([*leader, decoupled(1.20)], trials=2, cross_fit_window=TRIAL_WINDOW) == []
+    # and the other way round: dear leads, an all-reduce plan is the other fit
+    assert runners_up([decoupled(1.00), *ranked(("mgwfbp", 1.25))], trials=2) == [1]
 
 
 def test_a_runner_up_must_beat_the_leader_by_the_margin() -> None:
