@@ -6,9 +6,10 @@
 # the 2 Gbit/s CNN's overlap candidates measured 11-18% above their predictions in one run, and
 # bytescheduler 10% below its own in the next; with 3, bytescheduler measured 166.5 ms (p10-p90
 # 148.7-201.7) against a prediction of 145.5, and prophet, planning the same blocks on two of
-# its four profiles, 158.2 ms in the same job. Writes benchmarks/sim_validation/<model>-<rate>/results.* (and
-# predict/: what each prediction was made from, so that a change to the fit or the simulator
-# can be checked on these runs) and README.md. REPORT_ONLY=1 rebuilds README.md from the
+# its four profiles, 158.2 ms in the same job. Writes
+# benchmarks/sim_validation/<model>-<rate>/results.* (and predict/: what each prediction was
+# made from, so that a change to the fit or the simulator can be checked on these runs) and
+# README.md. REPORT_ONLY=1 rebuilds README.md from the
 # results already there (after scripts/bench_compression_speed.sh re-ran, whose runs its last
 # section validates), running nothing.
 set -euo pipefail
