@@ -73,13 +73,17 @@ def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Bloc
     """The profiling plan when reduce-scatter and all-gather must be fitted too (`dear`, `auto`):
     every other unit is reduced as a reduce-scatter immediately followed by its all-gather,
     which together equal its all-reduce, so training is unchanged while the profiler times all
-    three collectives on this transport (on Gloo's CPU path a reduce-scatter costs about as
-    much as an all-reduce, far from the textbook half)."""
+    three collectives on this transport (Gloo's own reduce-scatter costs about as much as an
+    all-reduce, far from the textbook half; csrc/ring.h says what the engine runs instead)."""
     plain = layerwise(specs, profile)
     # Alternate by size, not by position: both fits need large and small samples (by position,
     # a CNN's two large classifier tensors both became pairs and all-reduce fitted beta = 0).
     by_size = sorted(range(len(plain)), key=lambda i: (-_block_numel(plain[i]), i))
     decoupled = set(by_size[1::2])
+    if 0 in decoupled:  # the first block stays an all-reduce: Note [The block that opens the
+        # backward]; its neighbour in size takes its place
+        at = by_size.index(0)
+        decoupled = decoupled - {0} | {by_size[at + 1] if at + 1 < len(by_size) else by_size[at - 1]}
     blocks: list[Block] = []
     for i, block in enumerate(plain):
         block_id = len(blocks)
@@ -90,6 +94,20 @@ def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Bloc
         blocks.append(Block(block_id + 1, block.pieces, block.dtype, Collective.ALL_GATHER,
                             source=block_id))
     return tuple(blocks)
+
+
+# Note [The block that opens the backward]
+# The iteration's first block waits, on every rank but the last to get there, for the latest
+# rank to start its backward, and its service time holds that wait. On 3 ranks sharing 2 cores
+# the wait is tens of milliseconds: 42-45 ms for the CNN's first block (a 48-byte bias), where
+# 2 ranks wait under 2 ms. Every all-reduce plan's own run charges that wait to an all-reduce
+# (bytescheduler's first block, 40 bytes: 33 ms). Under dear the forward's all-gathers line the
+# ranks up, and its first reduce-scatter took 7 ms. When the profiling steps opened with a
+# reduce-scatter, that one sample held most of the reduce-scatter fit's time (its other blocks:
+# 1.4 MB in 66 ms). The fit came out 2.4x dear's own, and auto predicted dear 1.29x
+# bytescheduler, where it measured 0.94x (benchmarks/sim_validation/cnn-1gbit-3ranks of
+# 2026-11-25). Re-fitted from those profiles with the wait moved to the all-reduce, dear was
+# predicted 0.90x bytescheduler.
 
 
 def _block_numel(block: Block) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from commsched.config import Policy, load_config
 from commsched.plan import (
     Collective,
@@ -235,3 +237,20 @@ def test_decoupled_profiling_alternates_by_size() -> None:
     assert {frozenset(ops_of[2]), frozenset(ops_of[3])} == \
         {frozenset({Collective.ALLREDUCE}),
          frozenset({Collective.REDUCE_SCATTER, Collective.ALL_GATHER})}
+
+
+@pytest.mark.parametrize("sizes", [[1000, 800, 3, 2], [1000, 800, 2], [5, 9], [4, 9, 7, 1000, 2]])
+def test_decoupled_profiling_opens_with_an_all_reduce(sizes: list[int]) -> None:
+    # Note [The block that opens the backward]: the first block's wait for the latest rank
+    # must not land in the small reduce-scatter fit. Without a profile the last tensor in
+    # forward order is ready first, and here it is the smallest, which the plain alternation
+    # by size would decouple.
+    plan = make_profiling_plan(specs_of(sizes), Profile(), Policy.AUTO)
+    assert plan.blocks[0].op is Collective.ALLREDUCE
+    assert plan.blocks[0].pieces[0].tensor_id == len(sizes) - 1
+    scattered = [sum(p.numel for p in b.pieces) for b in plan.blocks
+                 if b.op is Collective.REDUCE_SCATTER]
+    reduced = [sum(p.numel for p in b.pieces) for b in plan.blocks if b.op is Collective.ALLREDUCE]
+    assert scattered and reduced
+    if len(sizes) >= 4:  # each fit still has a large and a small sample
+        assert len(set(scattered)) >= 2 and len(set(reduced)) >= 2
