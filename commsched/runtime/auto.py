@@ -84,11 +84,11 @@ TRIAL_ROUNDS = 4
 # reduce-scatter's per-byte cost, fitted from 9 samples each time, came out 3.7e-8 s/B in dear's
 # profiling steps and 6.2e-8 in auto's. So a runner-up whose collectives differ from the
 # choice's is a close call within CROSS_FIT_TRIAL_WINDOW.
-# This covers the error, it does not remove it: on 3 ranks the profiling steps' reduce-scatter
-# fit ran 2.4x the steady-state fit of dear's own plan in a later job (7.5e-8 against 3.1e-8
-# s/B; on 2 ranks the two agree), and there dear was predicted 1.29x bytescheduler, outside the
-# window, and measured 0.94x (benchmarks/sim_validation/cnn-1gbit-3ranks/predict/). The fit on
-# 3 ranks is what to mend.
+# The window covers an error of the fits, it does not remove one: on 3 ranks the profiling
+# steps' reduce-scatter fit later ran 2.4x dear's own, which put dear 1.29x bytescheduler,
+# outside the window, where it measured 0.94x. That error was the wait for the latest rank's
+# backward in the fit's one small first block; the profiling plan now opens with an
+# all-reduce (Note [The block that opens the backward] in plan/units.py).
 CROSS_FIT_TRIAL_WINDOW = 0.30
 TRIAL_STEPS = 10
 SWITCH_MARGIN = 0.02
