@@ -83,7 +83,8 @@ def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Bloc
     if 0 in decoupled:  # the first block stays an all-reduce: Note [The block that opens the
         # backward]; its neighbour in size takes its place
         at = by_size.index(0)
-        decoupled = decoupled - {0} | {by_size[at + 1] if at + 1 < len(by_size) else by_size[at - 1]}
+        neighbour = by_size[at + 1] if at + 1 < len(by_size) else by_size[at - 1]
+        decoupled = decoupled - {0} | {neighbour}
     blocks: list[Block] = []
     for i, block in enumerate(plain):
         block_id = len(blocks)
