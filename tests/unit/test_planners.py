@@ -243,8 +243,8 @@ def test_decoupled_profiling_alternates_by_size() -> None:
 def test_decoupled_profiling_opens_with_an_all_reduce(sizes: list[int]) -> None:
     # Note [The block that opens the backward]: the first block's wait for the latest rank
     # must not land in the small reduce-scatter fit. Without a profile the last tensor in
-    # forward order is ready first, and here it is the smallest, which the plain alternation
-    # by size would decouple.
+    # forward order is ready first; in the first case it is the smallest, which the plain
+    # alternation by size would decouple.
     plan = make_profiling_plan(specs_of(sizes), Profile(), Policy.AUTO)
     assert plan.blocks[0].op is Collective.ALLREDUCE
     assert plan.blocks[0].pieces[0].tensor_id == len(sizes) - 1
