@@ -76,8 +76,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_synchronized = True
 
     def flush(self) -> None:
-        """Applies every update still pending from cross-iteration overlap."""
-        self.session.flush()
+        """Applies every update still pending from cross-iteration overlap; a training loop
+        calls it where it stops for a while (evaluation, checkpoint), and the profile leaves
+        that stop out of the next iteration's compute."""
+        self.session.flush(pause=True)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

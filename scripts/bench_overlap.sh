@@ -11,7 +11,7 @@ TRANSFORMER_RATE="${TRANSFORMER_RATE:-1gbit}"
 OUT="${OUT:-benchmarks/overlap}"
 CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:bytescheduler?partition_bytes=1MiB&credit_bytes=2MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
 trap 'scripts/netem.sh down' EXIT
-run() {  # model batch rate ranks out
+run() {  # model batch rate ranks out [rounds]
   scripts/netem.sh up "$3"
   # --predict: the candidates' own profiles give the simulator's predictions and the floor of
   # any cross-iteration schedule.
@@ -21,12 +21,15 @@ run() {  # model batch rate ranks out
   # on the Transformer) a median moves by about 2% from run to run, the size of auto's target;
   # auto read 0.962x and 1.035x the fastest candidate in two runs of the same code.
   scripts/netem.sh run .venv/bin/horovodrun -np "$4" --gloo .venv/bin/python -m commsched.bench.compare \
-    --model "$1" --batch-size "$2" --rounds "${ROUNDS:-5}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
+    --model "$1" --batch-size "$2" --rounds "${6:-${ROUNDS:-5}}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$5" 2>&1 | rank0_stdout
 }
 run cnn 64 "$CNN_RATE" 2 cnn
 run transformer 8 "$TRANSFORMER_RATE" 2 transformer
-run cnn 64 "$CNN_RATE" 3 cnn-3ranks
+# 3 ranks share the 2 cores, and their medians move more: with 5 rounds, prophet read 1.028x
+# bytescheduler with the same blocks planned on 3 of their 5 profiles, and 0.986x in the
+# simulator-validation job of the same code. 8 rounds, about 3 minutes more.
+run cnn 64 "$CNN_RATE" 3 cnn-3ranks "${ROUNDS_3RANKS:-${ROUNDS:-8}}"
 {
   echo "# Overlap benchmark: 2 and 3 ranks, loopback shaped (CNN $CNN_RATE, Transformer $TRANSFORMER_RATE)"
   echo

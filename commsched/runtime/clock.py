@@ -42,6 +42,18 @@ class UpdateTimer:
         return EventSpan(self._start, end)
 
 
+# Note [A pause is not compute]
+# The compute before an iteration's first gradient is timed from the end of the previous step(),
+# which holds only forward, loss and the start of backward while training runs iteration after
+# iteration. Where the training loop stops between two of them (an evaluation, a checkpoint, a
+# benchmark's other candidates between its rounds), it holds the pause too: in a 2-rank run of
+# the overlap benchmark's candidates, 1 sampled iteration in 15 had 5.4-5.6 s there, against
+# about 0.1 s for the others, on both ranks. One such iteration moves a median of the 7 or 8 kept
+# iterations a whole rank up. flush(), which such a loop calls to apply what is still deferred,
+# marks the pause: the next iteration's compute before its first gradient is not measured, and
+# its profiler row says so (-1), so the world's compute (world_profile.py) leaves it out.
+
+
 class StepClock:
     def __init__(self, engine: EngineHandle) -> None:
         self._engine = engine
@@ -52,6 +64,10 @@ class StepClock:
     def step_ended(self) -> None:
         self.step_end_us = _C.now_us()
         self._waited_at_step_end = self._native.waited_us / 1e6
+
+    def pause(self) -> None:
+        """Note [A pause is not compute]."""
+        self.step_end_us = -1
 
     def first_gradient(self, updates_s: float = 0.0) -> None:
         """At an iteration's first gradient: records the compute before backward, from the end

@@ -72,7 +72,12 @@ T = TypeVar("T")
 # (Profiler.restart_window): `auto`'s trial windows, each a plan of its own and all of them
 # recorded, otherwise filled half the window a benchmark's end-of-run profile reads (the 3-rank
 # CNN at 1 Gbit/s: its compute before the first gradient 127.1 ms against 97.9 ms under the
-# plan it kept, and the simulator's prediction of that plan 24.8% long).
+# plan it kept, and the simulator's prediction of that plan 24.8% long). That restarted window is
+# the settled plan's past its warm-up from its first iteration, so its profile is made from all
+# of it (Profiler.steady), where other windows use their latest half: a benchmark's end-of-run
+# profile is 10-15 sampled iterations, and the median of the compute before the first gradient
+# over the latest 7 of them was 155 ms for dear on the 2 Gbit/s Transformer, against 104-137 ms
+# for the other candidates of that job (the simulator's worst prediction there, 13.7% long).
 SAMPLE_EVERY = 4
 SAMPLED_CLOSELY = 64
 SAMPLE_EVERY_LATER = 64
@@ -234,13 +239,15 @@ class PlanLifecycle:
         settled = (self.replan_at is None or iteration >= self.replan_at) \
             and (auto is None or auto.settled)
         if not settled:
+            if self._settled_at is not None:  # a re-plan: the window no longer describes it
+                self._engine.profiler.steady = False
             self._settled_at = None
             every = 1
         else:
             if self._settled_at is None:
                 self._settled_at = iteration
                 # Note [Sampling the profile]: from here the profile is the settled plan's.
-                self._engine.profiler.restart_window()
+                self._engine.profiler.restart_window(steady=True)
             closely = iteration - self._settled_at < SAMPLED_CLOSELY
             every = SAMPLE_EVERY if closely else SAMPLE_EVERY_LATER
         if every != self._sample_every:  # the engine's, without a property call per iteration

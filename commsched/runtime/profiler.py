@@ -173,6 +173,17 @@ class Profiler:
     _pending_updates: list[tuple[int, EventSpan]] = field(default_factory=list)
     _kept_samples: int = 0  # over collective_rounds
     _restart: bool = False  # the next recorded iteration starts the window (restart_window)
+    _restart_steady: bool = False  # ... and the window it starts is steady
+    # Whether every iteration in the window ran the settled plan past its warm-up (Note
+    # [Sampling the profile] in lifecycle.py): then the whole window describes it, otherwise
+    # its latest half.
+    steady: bool = False
+    # This iteration's before_first_ready_s, -1 until noted (Note [A pause is not compute]).
+    _before_this_iteration: float = -1.0
+
+    def _describing(self, values: list) -> list:
+        """Of a window's figures, those that describe the plan running now."""
+        return values if self.steady else latest_half(values)
 
     @property
     def samples_by_op(self) -> dict[str, list[tuple[int, float]]]:
@@ -180,7 +191,7 @@ class Profiler:
         half of the recorded iterations: what its fit is made from (Note [Fitting a
         collective's cost], Note [A collective's cost is its typical iteration's])."""
         per_op: dict[str, list[list[tuple[int, float]]]] = {}
-        for round_ in latest_half(self.collective_rounds):
+        for round_ in self._describing(self.collective_rounds):
             for op, samples in round_.items():
                 per_op.setdefault(op, []).append(samples)
         return {op: typical_blocks(rounds) for op, rounds in per_op.items()}
@@ -195,6 +206,7 @@ class Profiler:
         the engine's last_clocks()) says where they came from (CPU when not given)."""
         if self._restart:
             self._start_window()
+        before, self._before_this_iteration = self._before_this_iteration, -1.0
         marked = [t for t in ready_us if t >= 0]
         if marked:
             self.clocks["ready_time_s"] = (clocks or {}).get("ready", CPU)
@@ -203,8 +215,7 @@ class Profiler:
             _keep_last(self.ready_samples, KEEP_ITERATIONS)
             # This iteration's (Note [Every rank's gradients] in world_profile.py): its first
             # gradient came before the engine's wait for its blocks, in either mode.
-            befores = self.compute_samples.get("before_first_ready_s")
-            self.before_first_ready_rows.append(befores[-1] if befores else -1.0)
+            self.before_first_ready_rows.append(before)
             _keep_last(self.before_first_ready_rows, KEEP_ITERATIONS)
         round_: dict[str, list[tuple[int, float]]] = {}
         for position, (_block, nbytes, _ready, launch, done, service) in enumerate(block_timings):
@@ -215,14 +226,17 @@ class Profiler:
         if round_:
             self._add_round(round_)
 
-    def restart_window(self) -> None:
+    def restart_window(self, steady: bool = False) -> None:
         """Makes the next recorded iteration the window's first: the iterations recorded so far
         ran other plans (`auto`'s trials, the profiling steps). They stay until then, so that
-        a profile read before it is not empty."""
+        a profile read before it is not empty. `steady`: the plan has settled, and every
+        iteration from there on describes it."""
         self._restart = True
+        self._restart_steady = steady
 
     def _start_window(self) -> None:
         self._restart = False
+        self.steady = self._restart_steady
         self.ready_samples.clear()
         self.before_first_ready_rows.clear()
         self.collective_rounds.clear()
@@ -242,6 +256,8 @@ class Profiler:
 
     def note(self, kind: str, seconds: float) -> None:
         self.clocks["compute_s"] = CPU
+        if kind == "before_first_ready_s":
+            self._before_this_iteration = seconds
         values = self.compute_samples.setdefault(kind, [])
         values.append(seconds)
         _keep_last(values, KEEP_ITERATIONS)
@@ -294,15 +310,17 @@ class Profiler:
         return fit_alpha_beta(samples)
 
     def compute(self) -> dict[str, float]:
-        """Median of the latest half of each compute sample (see `profile`)."""
-        return {kind: statistics.median(latest_half(values))
+        """Median of each compute sample over the iterations that describe the plan running
+        now (see `profile`)."""
+        return {kind: statistics.median(self._describing(values))
                 for kind, values in self.compute_samples.items() if values}
 
     def iteration_rows(self) -> list[IterationRow]:
-        """Every kept sampled iteration, for the world's compute (world_profile.py)."""
-        return [IterationRow(before, tuple(row))
-                for before, row in zip(self.before_first_ready_rows, self.ready_samples,
-                                       strict=True)]
+        """The sampled iterations that describe the plan running now, for the world's compute
+        (world_profile.py)."""
+        return self._describing([IterationRow(before, tuple(row)) for before, row
+                                 in zip(self.before_first_ready_rows, self.ready_samples,
+                                        strict=True)])
 
     @property
     def iterations(self) -> int:
@@ -312,7 +330,7 @@ class Profiler:
         """Median ready time per tensor over the latest half of the recorded iterations: the
         first iterations are warm-up (allocations; a Transformer's backward took 4x its steady
         time for about ten steps here), and a re-plan late in a run should see the present."""
-        rows = latest_half(self.ready_samples)
+        rows = self._describing(self.ready_samples)
         if not rows:
             return Profile()
         times = []

@@ -363,10 +363,14 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
             self._compression_switch()
         self.lifecycle.iteration_ended(self.iteration)
 
-    def flush(self) -> None:
-        """Applies every update still pending from cross-iteration overlap."""
+    def flush(self, pause: bool = False) -> None:
+        """Applies every update still pending from cross-iteration overlap. `pause`: the user
+        called it, and the training loop stops here (Note [A pause is not compute] in
+        clock.py)."""
         if self.runner is not None:
             self.runner.finish()
+        if pause and self._bound:  # unbound (an elastic job before its first step): no clock
+            self.clock.pause()
 
     def profile_document(self) -> dict:
         return self.lifecycle.profile_document()

@@ -86,13 +86,14 @@ def _latest_ready(rows: Sequence[IterationRow]) -> list[float | None]:
 
 
 def world_compute(rows_by_rank: Sequence[Sequence[IterationRow]]) -> WorldCompute | None:
-    """Note [Every rank's gradients], over the latest half of the iterations every rank sampled;
-    None for a world of one, or where no iteration has every rank's figures."""
+    """Note [Every rank's gradients], over the iterations every rank sampled (each rank's
+    `Profiler.iteration_rows`: those that describe the plan running now); None for a world of
+    one, or where no iteration has every rank's figures."""
     if len(rows_by_rank) < 2:
         return None
     count = min(len(rows) for rows in rows_by_rank)
     iterations = [[rows[len(rows) - count + i] for rows in rows_by_rank] for i in range(count)]
-    iterations = [ranks for ranks in iterations[count // 2:]
+    iterations = [ranks for ranks in iterations
                   if all(row.before_first_ready_s >= 0 for row in ranks)
                   and len({len(row.ready_s) for row in ranks}) == 1]
     if not iterations:

@@ -166,6 +166,25 @@ def test_deferred_updates_advance_the_state_loaded_by_load_state_dict() -> None:
     opt.session.close()
 
 
+@pytest.mark.parametrize("policy", ["horovod", "dear"])
+def test_a_pause_at_flush_is_not_counted_as_compute(policy: str) -> None:
+    """Note [A pause is not compute]: where the loop stops after flush(), the next iteration's
+    compute before its first gradient is not measured from the step() before the stop."""
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2)
+    profiler = opt.session.engine.profiler
+    opt.session.engine.sample_every = 1  # as in the profiling steps: every iteration recorded
+    for _ in range(3):
+        _train(model, opt, 2)  # ends with flush()
+        time.sleep(0.3)  # an evaluation, say
+    assert max(profiler.compute_samples["before_first_ready_s"]) < 0.2
+    befores = [row.before_first_ready_s for row in profiler.iteration_rows()]
+    assert -1.0 in befores and max(befores) < 0.2
+    opt.session.close()
+
+
 class SlowSGD(torch.optim.SGD):
     """SGD whose every call costs 30 ms more: an update that dwarfs the tiny model's forward."""
 

@@ -37,12 +37,10 @@ def _rows(before: Sequence[float], ready: Sequence[Sequence[float]]) -> list[Ite
 
 
 def test_each_gradient_is_ready_when_the_last_rank_has_it() -> None:
-    # Rank 0 is slower in iterations 4 and 6, rank 1 in 5 and 7 (the first half, iterations
-    # 0-3, is warm-up and left out); neither rank is the slower one in the median.
-    rank0 = _rows([9.0] * 4 + [0.30, 0.10] * 2,
-                  [[0, 5, 5]] * 4 + [[0.0, 0.2, 0.3], [0.0, 0.1, 0.2]] * 2)
-    rank1 = _rows([9.0] * 4 + [0.10, 0.30] * 2,
-                  [[0, 5, 5]] * 4 + [[0.0, 0.1, 0.2], [0.0, 0.2, 0.3]] * 2)
+    # Rank 0 is slower in iterations 0 and 2, rank 1 in 1 and 3; neither rank is the slower one
+    # in the median.
+    rank0 = _rows([0.30, 0.10] * 2, [[0.0, 0.2, 0.3], [0.0, 0.1, 0.2]] * 2)
+    rank1 = _rows([0.10, 0.30] * 2, [[0.0, 0.1, 0.2], [0.0, 0.2, 0.3]] * 2)
     world = world_compute([rank0, rank1])
     assert world is not None
     # Each iteration, the later rank: 0.3 s before its first gradient, the others 0.2 and 0.3 s
@@ -53,8 +51,8 @@ def test_each_gradient_is_ready_when_the_last_rank_has_it() -> None:
 
 def test_world_compute_aligns_ranks_from_the_latest_iteration() -> None:
     # Rank 1 kept one iteration more (at the front): the latest rows are the same iterations.
-    rank0 = _rows([0.1, 0.1], [[0.0, 0.1], [0.0, 0.1]])
-    rank1 = _rows([5.0, 0.2, 0.2], [[0.0, 5.0], [0.0, 0.3], [0.0, 0.3]])
+    rank0 = _rows([0.1, 0.1, 0.1], [[0.0, 0.1]] * 3)
+    rank1 = _rows([5.0, 0.2, 0.2, 0.2], [[0.0, 5.0]] + [[0.0, 0.3]] * 3)
     world = world_compute([rank0, rank1])
     assert world is not None
     assert world.before_first_ready_s == pytest.approx(0.2)
@@ -86,11 +84,36 @@ def test_with_world_compute_replaces_ready_times_and_compute_before_them() -> No
 
 def test_the_profiler_keeps_each_sampled_iterations_compute_before_its_gradients() -> None:
     prof = Profiler(num_tensors=2)
+    prof.restart_window(steady=True)  # every iteration describes the plan (Note [Sampling ...])
     prof.record([100, 300], [])  # no compute before it measured yet (the first iteration)
     prof.note("before_first_ready_s", 0.05)
     prof.record([1000, 1500], [])
     prof.note("before_first_ready_s", 0.07)
     prof.record([-1, 2000], [])
+    prof.record([0, 100], [])  # after a pause (flush): not measured, not the last one again
     assert prof.iteration_rows() == [IterationRow(-1.0, (0.0, 0.0002)),
                                      IterationRow(0.05, (0.0, 0.0005)),
-                                     IterationRow(0.07, (-1.0, 0.0))]
+                                     IterationRow(0.07, (-1.0, 0.0)),
+                                     IterationRow(-1.0, (0.0, 0.0001))]
+
+
+def test_only_a_settled_plans_window_describes_it_whole() -> None:
+    """Note [Sampling the profile]: before the plan settles, the window's first half is warm-up
+    or another plan's; once it has, the window restarts and all of it is the settled plan's."""
+    prof = Profiler(num_tensors=1)
+    for before in (9.0, 9.0, 0.2, 0.2):
+        prof.note("before_first_ready_s", before)
+        prof.record([0], [(0, 400, 0, 0, 10, 10)])
+    assert [row.before_first_ready_s for row in prof.iteration_rows()] == [0.2, 0.2]
+    assert prof.compute()["before_first_ready_s"] == pytest.approx(0.2)
+    prof.restart_window(steady=True)
+    for before in (0.1, 0.3, 0.2, 0.2):
+        prof.note("before_first_ready_s", before)
+        prof.record([0], [(0, 400, 0, 0, 10, 10)])
+    assert [row.before_first_ready_s for row in prof.iteration_rows()] == [0.1, 0.3, 0.2, 0.2]
+    assert prof.compute()["before_first_ready_s"] == pytest.approx(0.2)
+    assert len(prof.collective_rounds) == 4 and prof.collective_samples == [(400, 10e-6)]
+    prof.restart_window()  # another plan (a trial) from the next recorded iteration
+    prof.note("before_first_ready_s", 0.5)
+    prof.record([0], [])
+    assert not prof.steady
