@@ -28,7 +28,7 @@ from .compression_speed import lossy_of, parse_candidate
 @dataclass(frozen=True)
 class PredictionInput:
     """What one commsched candidate's prediction is made from, read once on rank 0: the
-    profile as it stands at the end of the run (latest half of the profiler's window; the one
+    profile as it stands at the end of the run (the settled plan's window; the one
     written when the profiling steps ended still holds warm-up iterations) on the rank the
     others waited for, with every rank's compute (runtime/world_profile.py), the policy
     whose plan it runs (`auto`'s choice for auto), and what a lossy compressor needs."""

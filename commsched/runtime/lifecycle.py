@@ -75,9 +75,11 @@ T = TypeVar("T")
 # plan it kept, and the simulator's prediction of that plan 24.8% long). That restarted window is
 # the settled plan's past its warm-up from its first iteration, so its profile is made from all
 # of it (Profiler.steady), where other windows use their latest half: a benchmark's end-of-run
-# profile is 10-15 sampled iterations, and the median of the compute before the first gradient
-# over the latest 7 of them was 155 ms for dear on the 2 Gbit/s Transformer, against 104-137 ms
-# for the other candidates of that job (the simulator's worst prediction there, 13.7% long).
+# profile holds about 15 sampled iterations, and a median of the latest 7 moves with one slow
+# iteration. The compute before the first gradient read 155 ms for dear on the 2 Gbit/s
+# Transformer, against 104-137 ms for the other candidates of that job, and its prediction was
+# the simulator validation's worst (13.7% long); iteration by iteration, the later rank's
+# figure ranged over 96-149 ms in a re-run of dear there.
 SAMPLE_EVERY = 4
 SAMPLED_CLOSELY = 64
 SAMPLE_EVERY_LATER = 64
