@@ -51,7 +51,9 @@ class UpdateTimer:
 # about 0.1 s for the others, on both ranks. One such iteration moves a median of the 7 or 8 kept
 # iterations a whole rank up. flush(), which such a loop calls to apply what is still deferred,
 # marks the pause: the next iteration's compute before its first gradient is not measured, and
-# its profiler row says so (-1), so the world's compute (world_profile.py) leaves it out.
+# its profiler row says so (-1), so the world's compute (world_profile.py) leaves it out. Only
+# the user's own flush() does: synchronize() flushes within an iteration, and state_dict() is
+# called by some loops every step, whose compute would then never be measured.
 
 
 class StepClock:
@@ -77,6 +79,7 @@ class StepClock:
         both places they would shift every gradient's window by the update time, and the
         simulator and the floor would charge the update twice)."""
         if self.step_end_us < 0:
+            self._engine.profiler.no_compute_before()
             return
         engine = self._engine
         elapsed = (_C.now_us() - self.step_end_us) / 1e6

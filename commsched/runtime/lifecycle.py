@@ -104,6 +104,12 @@ SAMPLE_EVERY_LATER = 64
 # job's first seconds.
 REFINE_STEPS = 10
 
+# A process's first iterations are slower than its steady state (allocations, caches: the
+# Transformer's backward, Note [Planning from the steady state]); a profiler window that starts
+# earlier is not used whole (Note [Sampling the profile]). Most plans settle later anyway (the
+# profiling steps, then REFINE_STEPS of their own); `ddp`'s settles after one iteration.
+WARM_UP_STEPS = 10
+
 # Note [Profiling one block at a time]
 # The profiling steps run their blocks one at a time (a credit of one byte: a block waits until
 # nothing is in flight), whatever credit the policy's plan gets. The profiling plan is there to
@@ -142,6 +148,10 @@ class PlanLifecycle:
         # test it before calling, so that a plain iteration spends no call on it.
         self.unsettled = False
         self._settled_at: int | None = None  # the iteration the plan in place settled at
+        # The iteration from which the profiler's window is the settled plan's whole (Note
+        # [Sampling the profile]), and how many iterations this process has run.
+        self._steady_at: int | None = None
+        self._iterations_run = 0
         self._sample_every = engine.sample_every
         # The profile document's collectives of the profiling steps, for the steady state's
         # re-plan (Note [Planning from the steady state]).
@@ -209,6 +219,8 @@ class PlanLifecycle:
             self.install(self._profiling_plan(Profile()))
         else:
             self.replan()
+        if self._settled_at is not None:  # the window held the old plan: settle afresh
+            self._unsettle()
 
     # -- after each iteration ---------------------------------------------------------------
 
@@ -240,20 +252,29 @@ class PlanLifecycle:
             self._engine.profiler.restart_window()  # the trials ran other plans
         settled = (self.replan_at is None or iteration >= self.replan_at) \
             and (auto is None or auto.settled)
+        self._iterations_run += 1
         if not settled:
             if self._settled_at is not None:  # a re-plan: the window no longer describes it
-                self._engine.profiler.steady = False
-            self._settled_at = None
+                self._unsettle()
             every = 1
         else:
             if self._settled_at is None:
                 self._settled_at = iteration
-                # Note [Sampling the profile]: from here the profile is the settled plan's.
+                # Note [Sampling the profile]: from here the profile is the settled plan's,
+                # whole once this process is past its warm-up.
+                self._steady_at = iteration + max(WARM_UP_STEPS - self._iterations_run, 0)
+                if self._steady_at > iteration:
+                    self._engine.profiler.restart_window()
+            if iteration == self._steady_at:
                 self._engine.profiler.restart_window(steady=True)
             closely = iteration - self._settled_at < SAMPLED_CLOSELY
             every = SAMPLE_EVERY if closely else SAMPLE_EVERY_LATER
         if every != self._sample_every:  # the engine's, without a property call per iteration
             self._sample_every = self._engine.sample_every = every
+
+    def _unsettle(self) -> None:
+        self._settled_at = self._steady_at = None
+        self._engine.profiler.unsteady()
 
     def replan(self, refine: bool = False) -> None:
         """Builds the policy's plan from the world's profile (`_critical`), identically on

@@ -22,7 +22,8 @@ class ModuleProfile:
     # The simulator and the floor (sim/floor.py) place each update's deadline at the forward
     # time spent before the module that first uses it, so module times must describe the
     # iterations the rest of the profile describes: the latest ones (ready times, compute and
-    # collectives are the latest half of the sampled iterations). Recorded only in the profiling
+    # collectives are the latest half of the sampled iterations, or the settled plan's, and
+    # module times the latest half of theirs). Recorded only in the profiling
     # steps, they were warm-up figures that varied from run to run: the built-in Transformer's
     # modules summed to 61-92 ms over 2-rank profiles of one job at 1 Gbit/s (53 ms alone at
     # steady state), and a longer sum moves every deadline later, so the floor of one run's

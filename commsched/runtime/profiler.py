@@ -54,7 +54,8 @@ def fit_alpha_beta(samples: list[tuple[int, float]], fallback: NetModel = DEFAUL
 # per-byte cost is what makes the samples' total come out as measured, so a plan's predicted
 # busy time is its measured one. On clean affine samples this is least squares exactly. The
 # samples are those of the latest half of the recorded iterations, as for ready times: the
-# first ones are warm-up, and `auto`'s profiling steps ran another plan.
+# first ones are warm-up, and `auto`'s profiling steps ran another plan (all of them once the
+# plan has settled: Note [Sampling the profile] in lifecycle.py).
 #
 # Note [A collective's cost is its typical iteration's]
 # The simulator plays one typical iteration and the reports set it beside the median measured
@@ -187,9 +188,10 @@ class Profiler:
 
     @property
     def samples_by_op(self) -> dict[str, list[tuple[int, float]]]:
-        """Each op's blocks of a typical iteration, (bytes, median seconds), over the latest
-        half of the recorded iterations: what its fit is made from (Note [Fitting a
-        collective's cost], Note [A collective's cost is its typical iteration's])."""
+        """Each op's blocks of a typical iteration, (bytes, median seconds), over the recorded
+        iterations that describe the plan running now (`_describing`): what its fit is made
+        from (Note [Fitting a collective's cost], Note [A collective's cost is its typical
+        iteration's])."""
         per_op: dict[str, list[list[tuple[int, float]]]] = {}
         for round_ in self._describing(self.collective_rounds):
             for op, samples in round_.items():
@@ -234,6 +236,15 @@ class Profiler:
         self._restart = True
         self._restart_steady = steady
 
+    def unsteady(self) -> None:
+        """The plan changed: the window no longer describes one settled plan."""
+        self.steady = self._restart_steady = False
+
+    def no_compute_before(self) -> None:
+        """This iteration's compute before its first gradient is not known (Note [A pause is
+        not compute])."""
+        self._before_this_iteration = -1.0
+
     def _start_window(self) -> None:
         self._restart = False
         self.steady = self._restart_steady
@@ -242,8 +253,10 @@ class Profiler:
         self.collective_rounds.clear()
         self._kept_samples = 0
         for kind, values in self.compute_samples.items():
-            # This iteration's compute before its first gradient was noted before record().
-            del values[:-1 if kind == "before_first_ready_s" else None]
+            # This iteration's compute before its first gradient was noted before record(),
+            # unless it followed a pause.
+            this_one = kind == "before_first_ready_s" and self._before_this_iteration >= 0
+            del values[:-1 if this_one else None]
 
     def _add_round(self, round_: dict[str, list[tuple[int, float]]]) -> None:
         # A running count: summing every kept round again cost more than the rest of record().
@@ -327,9 +340,10 @@ class Profiler:
         return len(self.ready_samples)
 
     def profile(self) -> Profile:
-        """Median ready time per tensor over the latest half of the recorded iterations: the
-        first iterations are warm-up (allocations; a Transformer's backward took 4x its steady
-        time for about ten steps here), and a re-plan late in a run should see the present."""
+        """Median ready time per tensor over the latest half of the recorded iterations (the
+        whole window once the plan has settled: `steady`): the first iterations are warm-up
+        (allocations; a Transformer's backward took 4x its steady time for about ten steps
+        here), and a re-plan late in a run should see the present."""
         rows = self._describing(self.ready_samples)
         if not rows:
             return Profile()

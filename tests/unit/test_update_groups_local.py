@@ -290,6 +290,26 @@ def test_a_settled_plan_is_sampled_closely_then_rarely(policy: str) -> None:
     opt.session.close()
 
 
+def test_a_plan_settled_in_the_warm_up_is_described_whole_only_after_it() -> None:
+    """Note [Sampling the profile]: `ddp` settles after one iteration, in the process's warm-up;
+    its window is used whole only from WARM_UP_STEPS on."""
+    from commsched.runtime.lifecycle import SAMPLE_EVERY, WARM_UP_STEPS
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy="ddp", named_parameters=model.named_parameters())
+    profiler = opt.session.engine.profiler
+    steady = []
+    for step in range(WARM_UP_STEPS + 3 * SAMPLE_EVERY):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+        steady.append(profiler.steady)
+    assert not any(steady[:WARM_UP_STEPS]) and steady[-1]
+    assert 1 <= profiler.iterations <= 3  # the window restarted past the warm-up
+    opt.session.close()
+
+
 @pytest.mark.parametrize("policy", ["horovod", "prophet"])
 def test_a_policy_replans_once_from_its_own_plans_iterations(
         policy: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,3 +117,9 @@ def test_only_a_settled_plans_window_describes_it_whole() -> None:
     prof.note("before_first_ready_s", 0.5)
     prof.record([0], [])
     assert not prof.steady
+    prof.restart_window(steady=True)
+    prof.unsteady()  # the plan changed again before the restart took effect
+    prof.no_compute_before()  # and this iteration followed a pause
+    prof.record([0], [])
+    assert not prof.steady and prof.iteration_rows() == [IterationRow(-1.0, (0.0,))]
+    assert "before_first_ready_s" not in prof.compute()  # the earlier plan's is not kept
