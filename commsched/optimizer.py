@@ -114,8 +114,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """torch's state plus a ``commsched`` entry (plan, iteration, pending profiling), which
         a plain torch optimizer ignores when it loads this."""
-        self.session.flush()  # no pause (Note [A pause is not compute]): loops may save
-        # state every step
+        # Not a pause: some loops save every step (Note [A pause is not compute]).
+        self.session.flush()
         state = super().state_dict()
         entry = checkpoint.capture(self.session)
         if entry is not None:
@@ -125,8 +125,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Also restores the saved plan and position when ``state_dict`` has a ``commsched``
         entry (call it on every rank, or on one rank followed by broadcast_optimizer_state)."""
-        self.session.flush()  # no pause (Note [A pause is not compute]): loops may save
-        # state every step
+        self.session.flush()  # not a pause, as in state_dict()
         entry = state_dict.get(checkpoint.KEY)
         if entry is not None:
             checkpoint.validate(self.session, entry)  # before torch's state changes
