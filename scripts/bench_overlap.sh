@@ -11,25 +11,27 @@ TRANSFORMER_RATE="${TRANSFORMER_RATE:-1gbit}"
 OUT="${OUT:-benchmarks/overlap}"
 CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:bytescheduler?partition_bytes=1MiB&credit_bytes=2MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
 trap 'scripts/netem.sh down' EXIT
-run() {  # model batch rate ranks out [rounds]
+run() {  # model batch rate ranks out
   scripts/netem.sh up "$3"
   # --predict: the candidates' own profiles give the simulator's predictions and the floor of
   # any cross-iteration schedule.
   # 28 warm-up steps cover auto's profiling steps and its 20-step check; compare steps `auto`
   # on until its re-plan and trials are over (commsched.bench.compare.settling).
-  # 5 rounds of 8 steps: with 3 (24 steps per candidate, one step's time varying by about 10%
+  # 8 rounds of 8 steps: with 3 (24 steps per candidate, one step's time varying by about 10%
   # on the Transformer) a median moves by about 2% from run to run, the size of auto's target;
-  # auto read 0.962x and 1.035x the fastest candidate in two runs of the same code.
+  # auto read 0.962x and 1.035x the fastest candidate in two runs of the same code. With 5,
+  # prophet read 1.027x bytescheduler on the Transformer while both planned the very same
+  # blocks on all 5 of their profiles (1.015x paired by round).
   scripts/netem.sh run .venv/bin/horovodrun -np "$4" --gloo .venv/bin/python -m commsched.bench.compare \
-    --model "$1" --batch-size "$2" --rounds "${6:-${ROUNDS:-5}}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
+    --model "$1" --batch-size "$2" --rounds "${ROUNDS:-8}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$5" 2>&1 | rank0_stdout
 }
 run cnn 64 "$CNN_RATE" 2 cnn
 run transformer 8 "$TRANSFORMER_RATE" 2 transformer
 # 3 ranks share the 2 cores, and their medians move more: with 5 rounds, prophet read 1.028x
 # bytescheduler with the same blocks planned on 3 of their 5 profiles, and 0.986x in the
-# simulator-validation job of the same code. 8 rounds, about 3 minutes more.
-run cnn 64 "$CNN_RATE" 3 cnn-3ranks "${ROUNDS_3RANKS:-${ROUNDS:-8}}"
+# simulator-validation job of the same code.
+run cnn 64 "$CNN_RATE" 3 cnn-3ranks
 {
   echo "# Overlap benchmark: 2 and 3 ranks, loopback shaped (CNN $CNN_RATE, Transformer $TRANSFORMER_RATE)"
   echo
