@@ -48,6 +48,7 @@ from .compressed import CompressedGradients
 from .engine import EngineHandle
 from .overlap import OverlapRunner
 from .profiler import profile_document
+from .sampling import SamplingSchedule
 from .world_profile import (
     WorldCompute,
     critical_rank,
@@ -58,31 +59,6 @@ from .world_profile import (
 
 log = logging.getLogger("commsched")
 T = TypeVar("T")
-
-# Note [Sampling the profile]
-# Once the plan is built (and `auto` has checked it), the profiler records every SAMPLE_EVERY-th
-# iteration for SAMPLED_CLOSELY iterations, so that the profile describes the plan that runs
-# (what a report, a benchmark's prediction or a written profile reads), then every
-# SAMPLE_EVERY_LATER-th: a recorded iteration costs its figures' reading and the profiler's
-# Python, and on a small model that is no longer small (the built-in MLP at 0.7 ms per iteration,
-# a world of one, bytescheduler: 1.138x the plain optimizer sampling every 4th iteration, 1.102x
-# every 64th, 1.099x never, medians of one interleaved run). PyTorch DDP samples its runtime
-# statistics every 100th iteration for the same reason (kDDPRuntimeLoggingSampleRate).
-# When the plan settles, the profiler's window starts afresh at the next recorded iteration
-# (Profiler.restart_window): `auto`'s trial windows, each a plan of its own and all of them
-# recorded, otherwise filled half the window a benchmark's end-of-run profile reads (the 3-rank
-# CNN at 1 Gbit/s: its compute before the first gradient 127.1 ms against 97.9 ms under the
-# plan it kept, and the simulator's prediction of that plan 24.8% long). That restarted window is
-# the settled plan's past its warm-up from its first iteration, so its profile is made from all
-# of it (Profiler.steady), where other windows use their latest half: a benchmark's end-of-run
-# profile holds about 15 sampled iterations, and a median of the latest 7 moves with one slow
-# iteration. The compute before the first gradient read 155 ms for dear on the 2 Gbit/s
-# Transformer, against 104-137 ms for the other candidates of that job, and its prediction was
-# the simulator validation's worst (13.7% long); iteration by iteration, the later rank's
-# figure ranged over 96-149 ms in a re-run of dear there.
-SAMPLE_EVERY = 4
-SAMPLED_CLOSELY = 64
-SAMPLE_EVERY_LATER = 64
 
 # Note [Planning from the steady state]
 # The profiling steps are the run's first iterations: warm-up (a Transformer's backward took 4x
@@ -100,15 +76,9 @@ SAMPLE_EVERY_LATER = 64
 # 0.3% on the Transformer. The network stays the one fitted on the profiling steps, where blocks
 # of every size ran one at a time (Note [Profiling one block at a time]): a policy's own blocks
 # are few sizes in flight together and fit worse (Note [Fitting a collective's cost] in
-# profiler.py). The refinement costs one more gathering of the profile and one more plan, in a
+# collective_fit.py). The refinement costs one more gathering of the profile and one more plan, in a
 # job's first seconds.
 REFINE_STEPS = 10
-
-# A process's first iterations are slower than its steady state (allocations, caches: the
-# Transformer's backward, Note [Planning from the steady state]); a profiler window that starts
-# earlier is not used whole (Note [Sampling the profile]). Most plans settle later anyway (the
-# profiling steps, then REFINE_STEPS of their own); `ddp`'s settles after one iteration.
-WARM_UP_STEPS = 10
 
 # Note [Profiling one block at a time]
 # The profiling steps run their blocks one at a time (a credit of one byte: a block waits until
@@ -147,12 +117,7 @@ class PlanLifecycle:
         # Whether a restored plan awaits the ranks' comparison at the next `settle`: callers
         # test it before calling, so that a plain iteration spends no call on it.
         self.unsettled = False
-        self._settled_at: int | None = None  # the iteration the plan in place settled at
-        # The iteration from which the profiler's window is the settled plan's whole (Note
-        # [Sampling the profile]), and how many iterations this process has run.
-        self._steady_at: int | None = None
-        self._iterations_run = 0
-        self._sample_every = engine.sample_every
+        self._sampling = SamplingSchedule(engine)
         # The profile document's collectives of the profiling steps, for the steady state's
         # re-plan (Note [Planning from the steady state]).
         self._profiled_collectives: dict | None = None
@@ -219,8 +184,7 @@ class PlanLifecycle:
             self.install(self._profiling_plan(Profile()))
         else:
             self.replan()
-        if self._settled_at is not None:  # the window held the old plan: settle afresh
-            self._unsettle()
+        self._sampling.unsettle()  # the window held the old plan: settle afresh
 
     # -- after each iteration ---------------------------------------------------------------
 
@@ -252,29 +216,7 @@ class PlanLifecycle:
             self._engine.profiler.restart_window()  # the trials ran other plans
         settled = (self.replan_at is None or iteration >= self.replan_at) \
             and (auto is None or auto.settled)
-        self._iterations_run += 1
-        if not settled:
-            if self._settled_at is not None:  # a re-plan: the window no longer describes it
-                self._unsettle()
-            every = 1
-        else:
-            if self._settled_at is None:
-                self._settled_at = iteration
-                # Note [Sampling the profile]: from here the profile is the settled plan's,
-                # whole once this process is past its warm-up.
-                self._steady_at = iteration + max(WARM_UP_STEPS - self._iterations_run, 0)
-                if self._steady_at > iteration:
-                    self._engine.profiler.restart_window()
-            if iteration == self._steady_at:
-                self._engine.profiler.restart_window(steady=True)
-            closely = iteration - self._settled_at < SAMPLED_CLOSELY
-            every = SAMPLE_EVERY if closely else SAMPLE_EVERY_LATER
-        if every != self._sample_every:  # the engine's, without a property call per iteration
-            self._sample_every = self._engine.sample_every = every
-
-    def _unsettle(self) -> None:
-        self._settled_at = self._steady_at = None
-        self._engine.profiler.unsteady()
+        self._sampling.iteration_ended(iteration, settled)
 
     def replan(self, refine: bool = False) -> None:
         """Builds the policy's plan from the world's profile (`_critical`), identically on

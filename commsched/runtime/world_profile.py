@@ -10,19 +10,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # Note [The rank the others wait for]
-# A collective starts when its last rank launches it, so the ranks that launched earlier time
-# that wait as part of the block (Note [A collective's cost is its typical iteration's] in
-# profiler.py), and where one rank is behind throughout (its backward is slower, or its core is
-# shared with more threads) every block on every other rank holds the lag: one lag, which their
-# profiles charge once per block. The collectives that describe the iteration are those of the
-# rank the others wait for: its blocks waited least, so their service times are the transfers.
-# It is the rank whose collectives of a typical iteration took the least time in all (the
-# lowest rank among equals, rank 0 where nothing was timed). Plans, `auto` and the benchmarks'
-# predictions are made from its profile, with the compute of Note [Every rank's gradients]. Re-
-# simulated from the profiles of every rank kept by six runs (2 ranks, CNN and Transformer at
-# 1 Gbit/s, and the CNN on 3 ranks): the CNN's PowerSGD plans predicted 7-8% high from rank 0's
-# under `horovod` and `prophet` came within 2-5%, and 31 compressed predictions stayed within
-# 14% (median 5%), 23 uncompressed ones within 8% (median 3%).
+# A collective starts when its last rank launches it, so the ranks that launched earlier time that
+# wait as part of the block (Note [A collective's cost is its typical iteration's] in
+# collective_fit.py), and where one rank is behind throughout (its backward is slower, or its core
+# is shared with more threads) every block on every other rank holds the lag: one lag, which their
+# profiles charge once per block. The collectives that describe the iteration are those of the rank
+# the others wait for: its blocks waited least, so their service times are the transfers. It is the
+# rank whose collectives of a typical iteration took the least time in all (the lowest rank among
+# equals, rank 0 where nothing was timed). Plans, `auto` and the benchmarks' predictions are made
+# from its profile, with the compute of Note [Every rank's gradients]. Re-simulated from the
+# profiles of every rank kept by six runs (2 ranks, CNN and Transformer at 1 Gbit/s, and the CNN on
+# 3 ranks): the CNN's PowerSGD plans predicted 7-8% high from rank 0's under `horovod` and `prophet`
+# came within 2-5%, and 31 compressed predictions stayed within 14% (median 5%), 23 uncompressed
+# ones within 8% (median 3%).
 #
 # Note [Every rank's gradients]
 # A gradient's collective cannot start before the last rank has that gradient, and which rank

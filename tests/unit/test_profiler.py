@@ -3,12 +3,11 @@ from __future__ import annotations
 import pytest
 
 from commsched.plan import NetModel, TensorSpec
+from commsched.runtime.collective_fit import fit_alpha_beta, fit_collective
 from commsched.runtime.profiler import (
     KEEP_COLLECTIVE_SAMPLES,
     EventSpan,
     Profiler,
-    fit_alpha_beta,
-    fit_collective,
     profile_document,
 )
 
