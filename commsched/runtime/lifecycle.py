@@ -76,8 +76,8 @@ T = TypeVar("T")
 # 0.3% on the Transformer. The network stays the one fitted on the profiling steps, where blocks
 # of every size ran one at a time (Note [Profiling one block at a time]): a policy's own blocks
 # are few sizes in flight together and fit worse (Note [Fitting a collective's cost] in
-# collective_fit.py). The refinement costs one more gathering of the profile and one more plan, in a
-# job's first seconds.
+# collective_fit.py). The refinement costs one more gathering of the profile and one more plan,
+# in a job's first seconds.
 REFINE_STEPS = 10
 
 # Note [Profiling one block at a time]
