@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import _C
 from .compression import from_config, resolve, split
 from .config import load_config
 from .ops import Average, ReduceOp, resolve_op
@@ -45,6 +46,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.session = session
         self._cs_should_synchronize = True
         self._cs_synchronized = False
+        # Note [zero_grad after a deferred step]
+        self._cs_torch_zero_grad = session.base_cls.zero_grad is torch.optim.Optimizer.zero_grad
 
     @property
     def plan(self) -> Plan:
@@ -135,8 +138,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             checkpoint.restore(self.session, entry)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.session.pending:
+        session = self.session
+        if session.pending:
             raise AssertionError(_ZERO_GRAD_PENDING)
+        # Note [zero_grad after a deferred step]
+        # Under an overlap plan, step() took every gradient out of p.grad (the runner holds
+        # them until their update in the next forward pass), so the zero_grad() of a training
+        # loop finds nothing to clear; torch's own still costs a profiler range and a loop over
+        # the parameters (about 20 us of the built-in MLP's 0.72 ms iteration on this project's
+        # CPU). It is left out when it could change nothing: the iteration's gradients are
+        # taken, no parameter has one (one C++ pass over the param groups), and the optimizer
+        # class keeps torch's zero_grad.
+        if session.grads_taken and self._cs_torch_zero_grad and _C.no_grads(self.param_groups):
+            return
         super().zero_grad(set_to_none=set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:

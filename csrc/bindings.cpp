@@ -198,6 +198,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_grads", &commsched::set_grads, py::arg("params"), py::arg("grads"),
         "p.grad = g for each pair");
   m.def("clear_grads", &commsched::clear_grads, py::arg("params"), "p.grad = None for each");
+  m.def("no_grads",
+        [](const py::iterable& param_groups) {
+          for (py::handle group : param_groups)
+            for (py::handle param : group["params"])
+              if (py::cast<at::Tensor>(param).grad().defined()) return false;
+          return true;
+        },
+        py::arg("param_groups"),
+        "Whether no parameter of an optimizer's param_groups has a gradient");
 
   py::class_<commsched::GradientHook>(m, "GradientHook")
       .def("__call__", &commsched::GradientHook::operator(), py::arg("param"));

@@ -18,7 +18,6 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Any
 
 import torch
@@ -36,8 +35,9 @@ class HyperParameterSnapshots:
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = _WeakOptimizer(optimizer)
         self.groups: list[dict[str, Any]] = []
-        # Each snapshot group's keys and values, for the identity check at every step().
-        self._keys: list[tuple[str, ...]] = []
+        # Per snapshot group, what reads its keys' values from a user group (one C call) and
+        # the values taken, for the identity check at every step().
+        self._readers: list[Callable[[dict[str, Any]], tuple[Any, ...]]] = []
         self._values: list[tuple[Any, ...]] = []
         self._views: list[ParamGroupView] = []
         self.take()
@@ -48,10 +48,10 @@ class HyperParameterSnapshots:
             raise RuntimeError("commsched: the wrapped optimizer is gone")
         user_groups = user.param_groups
         if len(user_groups) == len(self.groups) \
-                and all(map(_holds_the_same, user_groups, self._keys, self._values)):
+                and all(map(_holds_the_same, user_groups, self._readers, self._values)):
             return  # taken at every step(): most steps change no hyper-parameter
         self.groups = [{k: v for k, v in g.items() if k != "params"} for g in user_groups]
-        self._keys = [tuple(g) for g in self.groups]
+        self._readers = [_reader(tuple(g)) for g in self.groups]
         self._values = [tuple(g.values()) for g in self.groups]
         for view in self._views:
             view.refresh(self.groups[view.index])
@@ -63,17 +63,26 @@ class HyperParameterSnapshots:
         self._views.clear()
 
 
-def _holds_the_same(user_group: dict[str, Any], keys: tuple[str, ...],
+def _reader(keys: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A group's values of `keys`, as a tuple (KeyError where one is missing)."""
+    if len(keys) == 1:
+        key = keys[0]
+        return lambda group: (group[key],)
+    return operator.itemgetter(*keys) if keys else lambda group: ()
+
+
+def _holds_the_same(user_group: dict[str, Any],
+                    reader: Callable[[dict[str, Any]], tuple[Any, ...]],
                     values: tuple[Any, ...]) -> bool:
     """Whether the user's group holds the very objects a snapshot took (identity, not equality:
     an LR scheduler stores a new number, and a tensor hyper-parameter compares element-wise)."""
-    if len(user_group) != len(keys) + 1:
+    if len(user_group) != len(values) + 1:
         return False
-    get = user_group.get
-    return all(map(operator.is_, map(get, keys, repeat(_MISSING)), values))
-
-
-_MISSING = object()
+    try:
+        current = reader(user_group)
+    except KeyError:  # a key replaced by another
+        return False
+    return all(map(operator.is_, current, values))
 
 
 class ParamGroupView(dict):

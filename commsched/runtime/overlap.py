@@ -284,6 +284,8 @@ class OverlapRunner:
             self._release_through(0)
 
     def _release_through(self, count: int) -> None:
+        """Releases the all-gathers before position `count` of `_gathers` and one more (callers
+        test `_released` first: most calls have nothing left to release)."""
         while self._released < min(count + 1, len(self._gathers)):
             self._engine.release(self._gathers[self._released])
             self._released += 1
@@ -298,7 +300,7 @@ class OverlapRunner:
         """Waits for every block of the open iteration and applies every pending update."""
         if not self.open:
             return
-        if self._gathers:
+        if self._released < len(self._gathers):
             self._release_through(len(self._gathers))
         self._engine.wait()
         left = self._leftovers()
@@ -400,7 +402,7 @@ class OverlapRunner:
             slots = [s for s in work.slots if done[s] != stamp]
         if not slots:
             return
-        if self._gathers:
+        if self._released <= work.gathers_through and self._gathers:
             self._release_through(work.gathers_through)
         self._engine.wait_block(work.wait_for)
         self._apply(slots, work if self._disjoint else None)

@@ -178,3 +178,80 @@ def test_step_hooks_run_once_per_step(policy: str) -> None:
         opt.step()
     assert calls == ["pre", "post"] * 6
     opt.session.close()
+
+
+def _deferring(model: nn.Module, cls: type[torch.optim.SGD]) -> Wrapped:
+    """A wrapper whose overlap plan runs (dear, past its profiling and re-plan)."""
+    opt = commsched.DistributedOptimizer(cls(model.parameters(), lr=0.1), model=model,
+                                         named_parameters=model.named_parameters(),
+                                         policy="dear", profile_steps=1)
+    for _ in range(8):
+        opt.zero_grad()
+        backward(model)
+        opt.step()
+    assert opt.session.defers_updates
+    return opt
+
+
+def test_zero_grad_after_a_deferred_step_skips_only_what_would_change_nothing(
+        model, monkeypatch) -> None:
+    """Note [zero_grad after a deferred step]: step() took every gradient, so torch's zero_grad
+    is not called; a gradient set after step() is still cleared, and an optimizer class with a
+    zero_grad of its own always has it called."""
+    opt = _deferring(model, torch.optim.SGD)
+    calls: list[bool] = []
+    torch_zero_grad = torch.optim.Optimizer.zero_grad
+
+    def counted(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        calls.append(set_to_none)
+        torch_zero_grad(self, set_to_none)
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", counted)
+    backward(model)
+    opt.step()
+    opt.zero_grad()
+    assert calls == [] and all(p.grad is None for p in model.parameters())
+    first = next(model.parameters())
+    first.grad = torch.ones_like(first)
+    opt.zero_grad(set_to_none=False)
+    assert calls == [False] and torch.equal(first.grad, torch.zeros_like(first))
+    first.grad = None
+    backward(model)  # the first gradient applies what is left
+    opt.step()
+    opt.flush()
+    opt.session.close()
+
+    class OwnZeroGrad(torch.optim.SGD):
+        zeroed = 0
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            OwnZeroGrad.zeroed += 1
+            super().zero_grad(set_to_none)
+    torch.manual_seed(1)
+    other = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = _deferring(other, OwnZeroGrad)
+    before = OwnZeroGrad.zeroed
+    backward(other)
+    opt.step()
+    opt.zero_grad()
+    assert OwnZeroGrad.zeroed == before + 1
+    opt.flush()
+    opt.session.close()
+
+
+def test_the_hyper_parameter_snapshot_follows_a_replaced_key(model) -> None:
+    """The identity check at step() reads the snapshot's keys: a key replaced by another (same
+    count) must be seen, not read as the old key's missing value."""
+    from commsched.runtime.deferred import HyperParameterSnapshots
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    snapshots = HyperParameterSnapshots(opt)
+    taken = snapshots.groups
+    snapshots.take()
+    assert snapshots.groups is taken  # nothing changed: not taken again
+    group = opt.param_groups[0]
+    del group["dampening"]
+    group["custom"] = 0
+    snapshots.take()
+    assert "custom" in snapshots.groups[0] and "dampening" not in snapshots.groups[0]
+    group["lr"] = 0.05
+    snapshots.take()
+    assert snapshots.groups[0]["lr"] == 0.05
