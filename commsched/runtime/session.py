@@ -212,13 +212,6 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
         return self.runner is not None and self.runner.active
 
     @property
-    def grads_taken(self) -> bool:
-        """Whether step() took the iteration's gradients out of ``p.grad`` (an overlap plan's
-        runner holds them until their updates)."""
-        runner = self.runner
-        return runner is not None and runner.open
-
-    @property
     def base_cls(self) -> type[torch.optim.Optimizer]:
         """The user's optimizer class (the wrapper's class derives from it)."""
         return self._base_cls
