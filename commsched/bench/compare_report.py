@@ -79,7 +79,7 @@ def _verdict_line(verdict: dict) -> str:
     against = "" if ratio is None else (
         f"; auto measured {verdict['auto_median_ms']:.1f} ms, {ratio:.3f}x the fastest other "
         f"commsched candidate ({verdict['measured_fastest_ms']:.1f} ms): within 2%: "
-        f"{'yes' if verdict['auto_within_tolerance'] else 'no'}")
+        f"{'yes' if verdict['auto_within_tolerance'] else 'no'}{_resampled_auto(verdict)}")
     who = f"`{verdict['auto']}`" if "?" in verdict.get("auto", "") else "`auto`"
     trials = verdict.get("auto_trials") or {}
     measured = "" if not trials else "; its trial windows (ms): " + ", ".join(
@@ -90,6 +90,19 @@ def _verdict_line(verdict: dict) -> str:
             f"{'yes' if verdict['picked_fastest'] else 'no'}{against}{measured}\n")
 
 
+def _resampled_auto(verdict: dict) -> str:
+    """Note [Resampling whole rounds] in resample.py."""
+    spread = verdict.get("auto_vs_fastest_interval")
+    if spread is None:
+        return ""
+    return (f" (over resampled rounds: {_spread(spread)}, within 2% in "
+            f"{100 * verdict['auto_within_tolerance_share']:.0f}% of draws)")
+
+
+def _spread(spread: list[float]) -> str:
+    return f"{spread[0]:.3f}-{spread[1]:.3f}x in 90% of draws"
+
+
 def pair_lines(pairs: list[dict[str, Any]] | None) -> str:
     """One line per pair of planners (bench/planner_pair.py): measured, and on the same
     profiles."""
@@ -97,9 +110,11 @@ def pair_lines(pairs: list[dict[str, Any]] | None) -> str:
     for pair in pairs or []:
         first, second = parse_candidate(pair["first"])[0], parse_candidate(pair["second"])[0]
         paired = pair.get("paired_ratio")
+        spread = pair.get("measured_ratio_interval")
         text += (f"\n{first} against {second}: measured {pair['measured_ratio']:.3f}x (ratio of "
-                 f"medians)" + ("" if paired is None else
-                                f", {paired:.3f}x paired by round (median of per-round ratios)"))
+                 f"medians{'' if spread is None else '; over resampled rounds ' + _spread(spread)})"
+                 + ("" if paired is None else
+                    f", {paired:.3f}x paired by round (median of per-round ratios)"))
         same = pair.get("same_profiles")
         if same:
             ratios = same["predicted_ratios"]

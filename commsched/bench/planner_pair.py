@@ -22,6 +22,7 @@ from ..config import Policy, load_config
 from ..sim import FittedNetwork, profile_from_document
 from ..sim.rank import PlanCache
 from .compression_speed import parse_candidate
+from .resample import ratio_interval, round_series
 
 # (challenger, baseline): Prophet is ByteScheduler's priority rule with blocks sized from the
 # stepwise ready pattern (plan/prophet.py).
@@ -98,6 +99,9 @@ def compare_pairs(labels: list[str], documents: list[dict], rows: list[dict],
             "first": first, "second": second,
             "measured_ratio": medians[first] / medians[second],
             "paired_ratio": paired_ratio(rows, first, second)}
+        series = round_series(rows, [first, second])
+        if series is not None:  # Note [Resampling whole rounds] in resample.py
+            entry["measured_ratio_interval"] = list(ratio_interval(series, first, second))
         entry["same_profiles"] = planners_on_same_profiles(documents, first, second,
                                                            allreduce_all_ms)
         out.append(entry)

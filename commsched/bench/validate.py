@@ -19,6 +19,7 @@ from ..sim.floor import schedule_floor
 from ..sim.network import bulk_seconds_per_wire_byte
 from .compare_report import verdicts_of
 from .compression_speed import COMPRESSION_KNOBS, parse_candidate
+from .resample import interval, resampled, round_series, share_at_most
 
 
 def predict_ms(document: dict, plan: Plan, policy: Policy,
@@ -113,7 +114,22 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
             "picked_fastest": fastest_policy == auto_summary.get("policy"),
             "auto_median_ms": own, "auto_vs_fastest": ratio,
             "auto_within_tolerance": ratio is not None and ratio <= 1 + AUTO_TOLERANCE,
+            **_resampled_verdict(rows, auto_label, list(measured)),
             "auto_trials": trial_windows_ms(auto_summary.get("history", []))}
+
+
+def _resampled_verdict(rows: list[dict[str, Any]], auto_label: str,
+                       others: list[str]) -> dict[str, Any]:
+    """auto against the fastest other candidate over resampled rounds (Note [Resampling whole
+    rounds] in resample.py): the interval of the ratio and the share of draws within the
+    tolerance; nothing when the rows lack the same rounds."""
+    series = round_series(rows, [auto_label, *others]) if others else None
+    if series is None:
+        return {}
+    ratios = resampled(series, lambda medians: medians[auto_label] / min(
+        medians[name] for name in others))
+    return {"auto_vs_fastest_interval": list(interval(ratios)),
+            "auto_within_tolerance_share": share_at_most(ratios, 1 + AUTO_TOLERANCE)}
 
 
 def trial_windows_ms(history: list[dict]) -> dict[str, list[float]]:
