@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from .compression_speed import parse_candidate
+from .resample import LEVEL
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -100,7 +101,7 @@ def _resampled_auto(verdict: dict) -> str:
 
 
 def _spread(spread: list[float]) -> str:
-    return f"{spread[0]:.3f}-{spread[1]:.3f}x in 90% of draws"
+    return f"{spread[0]:.3f}-{spread[1]:.3f}x in {100 * LEVEL:.0f}% of draws"
 
 
 def pair_lines(pairs: list[dict[str, Any]] | None) -> str:

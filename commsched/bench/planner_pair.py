@@ -78,11 +78,10 @@ def planners_on_same_profiles(documents: list[dict], first: str, second: str,
 
 def paired_ratio(rows: list[dict], first: str, second: str) -> float | None:
     """Median over rounds of `first`'s round median over `second`'s."""
-    by_name = {row["name"]: row.get("round_medians_ms") for row in rows}
-    a, b = by_name.get(first), by_name.get(second)
-    if not a or not b or len(a) != len(b):
+    series = round_series(rows, [first, second], min_rounds=1)
+    if series is None:
         return None
-    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+    return statistics.median(x / y for x, y in zip(series[first], series[second], strict=True))
 
 
 def compare_pairs(labels: list[str], documents: list[dict], rows: list[dict],

@@ -24,15 +24,16 @@ LEVEL = 0.90
 SEED = 0  # every report of the same rounds prints the same interval
 
 
-def round_series(rows: Sequence[Mapping], names: Sequence[str]) -> dict[str, list[float]] | None:
+def round_series(rows: Sequence[Mapping], names: Sequence[str],
+                 min_rounds: int = 2) -> dict[str, list[float]] | None:
     """Each named row's round medians (ms), or None when one is missing or the rows did not run
-    the same rounds (at least two)."""
+    the same rounds (at least `min_rounds`: resampling one round tells nothing)."""
     by_name = {row["name"]: row.get("round_medians_ms") for row in rows}
-    series = {name: by_name.get(name) for name in names}
-    lengths = {len(values) for values in series.values() if values}
-    if any(not values for values in series.values()) or len(lengths) != 1 or lengths == {1}:
+    series = {name: list(by_name.get(name) or []) for name in names}
+    lengths = {len(values) for values in series.values()}
+    if len(lengths) != 1 or min(lengths) < max(min_rounds, 1):
         return None
-    return {name: list(values) for name, values in series.items() if values}
+    return series
 
 
 def resampled(series: Mapping[str, Sequence[float]],
