@@ -106,9 +106,9 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
 
 
 # At most this many steps beyond --warmup while `auto` is still measuring (its choice's and its
-# re-plan's checks take 20 steps each, two runners-up's trials with the choice 3 x 4 x 10): a
+# re-plan's checks take 20 steps each, two runners-up's trials with the choice 3 x 6 x 10): a
 # cap, so that a bug cannot make a benchmark run forever.
-MAX_SETTLING_STEPS = 200
+MAX_SETTLING_STEPS = 300
 
 
 def settling(optimizer: Any) -> bool:

@@ -197,6 +197,9 @@ class PlanLifecycle:
                 verdict = auto.conclude(self._world.broadcast_object(auto.local_median()))
                 if verdict is Verdict.REPLAN:
                     self.replan()
+                elif verdict is Verdict.TRIALS:
+                    self._replan_trials()
+                    self._install_choice()
                 elif verdict is Verdict.INSTALL:
                     self._install_choice()
             self._last_end = time.perf_counter()
@@ -265,6 +268,29 @@ class PlanLifecycle:
         self.auto.choose(document, self._config, overlap_allowed, self._run_of(document)[1])
         self.write_profile(document)
         self._install_choice()
+        # Note [Trials of steady plans]: the trials' plans come from the choice's own window.
+        self._engine.profiler.restart_window()
+
+    def _steady_document(self) -> dict:
+        """The world's profile document of the plan running now, with the collectives of the
+        profiling steps when this process fitted them (Note [Planning from the steady state];
+        all ranks call this together)."""
+        document = self._world_document()
+        if self._profiled_collectives is not None:
+            document = {**document, "collectives": self._profiled_collectives}
+        return document
+
+    def _replan_trials(self) -> None:
+        """Plans every candidate `auto` is about to measure again, with its knobs, from the
+        choice's check window (Note [Trials of steady plans])."""
+        auto = self.auto
+        assert auto is not None
+        document = self._steady_document()
+        run, compressed = self._run_of(document)
+        cache, net = PlanCache(run, self._config, compressed), FittedNetwork.from_document(document)
+        auto.replan_trials({index: cache.plan(auto.choices[index].policy,
+                                              auto.choices[index].knobs, net)
+                            for index in auto.trial_candidates()})
 
     def _refine_auto(self) -> None:
         """Plans `auto`'s kept policy, with its knobs, again from the iterations it ran since
@@ -275,9 +301,7 @@ class PlanLifecycle:
         if chosen is None:  # restored from a checkpoint on every rank: no ranking was saved
             auto.refined, auto.refining = True, False
             return
-        document = self._world_document()
-        if self._profiled_collectives is not None:
-            document = {**document, "collectives": self._profiled_collectives}
+        document = self._steady_document()
         run, compressed = self._run_of(document)
         plan = PlanCache(run, self._config, compressed).plan(
             chosen.policy, chosen.knobs, FittedNetwork.from_document(document))

@@ -11,6 +11,7 @@ from commsched.runtime.auto import (
     CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
     SWITCH_MARGIN,
+    TRIAL_ROUNDS,
     TRIAL_STEPS,
     TRIAL_WINDOW,
     AutoState,
@@ -144,14 +145,17 @@ def test_auto_measures_its_runners_up_interleaved_and_keeps_the_fastest() -> Non
     # slow window of dear's (0.60) does not decide, the median of its windows does. The
     # choice's slow check (0.50, the process still warming up) is not one of its windows.
     state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509), ("horovod", 0.60))
-    windows = {"bytescheduler": [0.50, 0.462, 0.460, 0.465, 0.459],
-               "prophet": [0.463, 0.466, 0.470, 0.468], "dear": [0.60, 0.441, 0.440, 0.445]}
+    windows = {"bytescheduler": [0.50, 0.462, 0.460, 0.465, 0.459, 0.461, 0.463],
+               "prophet": [0.463, 0.466, 0.470, 0.468, 0.467, 0.465],
+               "dear": [0.60, 0.441, 0.440, 0.445, 0.442, 0.444]}
     verdicts = _run_windows(state, windows)
-    # Every window but the last ends in another plan's install; after the last, which ran the
-    # choice, dear is installed to stay.
-    assert verdicts == [Verdict.INSTALL] * 13
+    # The check starts the trials (their plans made again from its window: Note [Trials of
+    # steady plans]); every trial window but the last ends in another plan's install; after the
+    # last, which ran the choice, dear is installed to stay.
+    assert verdicts == [Verdict.TRIALS] + [Verdict.INSTALL] * 3 * TRIAL_ROUNDS
     policies = [h["policy"] for h in state.history]
-    assert policies == ["bytescheduler"] + ["prophet", "dear", "bytescheduler"] * 4 + ["dear"]
+    assert policies == (["bytescheduler"] + ["prophet", "dear", "bytescheduler"] * TRIAL_ROUNDS
+                        + ["dear"])
     assert [h["why"] for h in state.history][-1] == "kept"
     assert state.chosen is not None and state.chosen.policy.value == "dear"
     assert not state.deciding and state.measured_s == 0.443
@@ -162,7 +166,8 @@ def test_the_choices_check_is_not_one_of_its_trial_windows() -> None:
     # mgwfbp's check ran slow (warm-up); its trial windows, like prophet's, are what count.
     state = _state(("mgwfbp", 0.276), ("prophet", 0.274))
     # Counted, the check would make mgwfbp's median 0.300 and prophet 3% faster.
-    windows = {"mgwfbp": [0.330, 0.280, 0.300, 0.281, 0.300], "prophet": [0.290] * 4}
+    windows = {"mgwfbp": [0.330, 0.280, 0.300, 0.281, 0.300, 0.281, 0.300],
+               "prophet": [0.290] * 6}
     verdicts = _run_windows(state, windows)
     assert verdicts[-1] is Verdict.KEEP  # the last window ran mgwfbp, which stays
     assert state.chosen is not None and state.chosen.policy.value == "mgwfbp"
@@ -171,8 +176,9 @@ def test_the_choices_check_is_not_one_of_its_trial_windows() -> None:
 
 def test_auto_keeps_its_choice_when_no_runner_up_beats_it_by_the_margin() -> None:
     state = _state(("dear", 0.30), ("bytescheduler", 0.31), ("horovod", 0.33))
-    windows = {"dear": [0.300, 0.310, 0.305, 0.300, 0.306],
-               "bytescheduler": [0.298, 0.302, 0.301, 0.300], "horovod": [0.29, 0.33, 0.33, 0.33]}
+    windows = {"dear": [0.300, 0.310, 0.305, 0.300, 0.306, 0.304, 0.306],
+               "bytescheduler": [0.298, 0.302, 0.301, 0.300, 0.299, 0.301],
+               "horovod": [0.29, 0.33, 0.33, 0.33, 0.33, 0.33]}
     verdicts = _run_windows(state, windows)
     assert state.chosen is not None and state.chosen.policy.value == "dear"
     assert verdicts[-1] is Verdict.KEEP  # the last window ran dear
@@ -194,9 +200,8 @@ def test_after_a_re_plan_the_new_choice_is_checked_once_and_its_runners_up_measu
     assert state.conclude(0.40) is Verdict.REPLAN
     # The re-plan's ranking (from the new profile): no second re-plan, however far off.
     state.start(ranked(("horovod", 0.40), ("mgwfbp", 0.41)), trials=2)
-    verdicts = _run_windows(state, {"horovod": [0.60, 0.40, 0.40, 0.40, 0.40],
-                                    "mgwfbp": [0.35, 0.35, 0.35, 0.35]})
-    assert verdicts[0] is Verdict.INSTALL and state.replanned
+    verdicts = _run_windows(state, {"horovod": [0.60] + [0.40] * 6, "mgwfbp": [0.35] * 6})
+    assert verdicts[0] is Verdict.TRIALS and state.replanned
     assert state.chosen is not None and state.chosen.policy.value == "mgwfbp"
     assert verdicts[-1] is Verdict.INSTALL and state.measured_s == 0.35
 
@@ -225,3 +230,20 @@ def test_auto_is_settled_once_its_kept_plan_is_planned_again() -> None:
     assert state.settled and state.refined and state.chosen is not None
     assert state.chosen.plan is again and state.chosen.policy == kept.policy
     assert state.chosen.knobs == kept.knobs and state.measured_s == 0.46
+
+
+def test_the_trials_measure_plans_made_again_from_the_choices_window() -> None:
+    """Note [Trials of steady plans]: when the trials start, the choice and every runner-up to
+    measure (not the candidates left out) get the plan the lifecycle made again for them."""
+    state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509),
+                   ("horovod", 0.90))
+    for _ in range(state.window):
+        state.record(1.0)
+    assert state.conclude(0.46) is Verdict.TRIALS
+    assert state.trial_candidates() == [0, 1, 2]  # horovod is not a close call
+    again = {index: Plan(state.choices[index].policy.value, ()) for index in (0, 1, 2)}
+    left_out = state.choices[3].plan
+    state.replan_trials(again)
+    assert [c.plan for c in state.choices[:3]] == [again[0], again[1], again[2]]
+    assert state.choices[3].plan is left_out
+    assert state.chosen is not None and state.chosen.plan is again[1]  # the first trial

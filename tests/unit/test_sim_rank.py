@@ -10,7 +10,7 @@ from test_sim_simulate import two_tensors
 from commsched.config import Policy, load_config
 from commsched.plan import NetModel
 from commsched.sim import LinkNetwork, load_profile, rank_candidates
-from commsched.sim.rank import PlanCache, knob_grid, planned_policies
+from commsched.sim.rank import CREDIT_PARTITIONS, PlanCache, knob_grid, planned_policies
 from commsched.sim.whatif import compute_only_s, smallest_ratio
 
 BASE = load_config({}, environ={})
@@ -82,3 +82,18 @@ def test_builtin_profiles_rank_with_overlap_policies() -> None:
     ranked = rank_candidates(run, LinkNetwork(16, 25e9 / 8, 2e-5), BASE, True)
     assert {r.policy for r in ranked} == set(planned_policies())
     assert all(math.isfinite(r.predicted_s) and r.predicted_s > 0 for r in ranked)
+
+
+def test_a_partitioning_candidate_carries_a_credit_of_two_partitions() -> None:
+    """Note [Credit follows the partition]: what `auto` installs is the candidate the
+    benchmarks run, not its partitions under the configured 16 MiB credit."""
+    for policy in (Policy.BYTESCHEDULER, Policy.PROPHET):
+        grid = knob_grid(policy)
+        assert grid and all(k["credit_bytes"] == CREDIT_PARTITIONS * k["partition_bytes"]
+                            for k in grid)
+    for policy in (Policy.HOROVOD, Policy.DDP, Policy.MGWFBP, Policy.DEAR):
+        assert all("credit_bytes" not in k for k in knob_grid(policy))
+    ranked = rank_candidates(two_tensors(), NET, BASE, overlap_allowed=True)
+    partitioned = [r for r in ranked if "partition_bytes" in r.knobs]
+    assert partitioned and all(r.knobs["credit_bytes"] == 2 * r.knobs["partition_bytes"]
+                               for r in partitioned)
