@@ -112,8 +112,9 @@ KNOBS: tuple[Knob, ...] = (
          minimum=0, maximum=10_000),
     Knob("auto_trials", Kind.COUNT, 2, "`auto`: after its choice has run 20 steps, this many "
          "runners-up of other policies (predicted within 15% of it, one per schedule) and the "
-         "choice run six interleaved windows of 10 steps each, and the measured-fastest stays "
-         "(0: the prediction alone decides).", minimum=0, maximum=16),
+         "choice (with the best synchronous plan when the choice overlaps iterations) run six "
+         "interleaved windows of 10 steps each, and the measured-fastest stays (0: the "
+         "prediction alone decides).", minimum=0, maximum=16),
     Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
          "fitted from the profiled collectives.", minimum=0, maximum=10),
     Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "

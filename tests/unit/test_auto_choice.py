@@ -67,11 +67,17 @@ def test_rankings_without_a_choice_between_modes_are_left_alone() -> None:
 def test_runners_up_are_the_best_of_each_other_policy_within_the_window() -> None:
     candidates = ranked(("bytescheduler", 1.00), ("bytescheduler", 1.01), ("prophet", 1.02),
                         ("prophet", 1.03), ("dear", 1.12), ("horovod", 1.30))
-    assert runners_up(candidates, trials=2) == [2, 4]
-    assert runners_up(candidates, trials=1) == [2]
+    # horovod, 30% behind, is no close call: it is measured as the synchronous baseline of an
+    # overlap leader (Note [An overlap choice is measured against a synchronous one]).
+    assert runners_up(candidates, trials=2) == [5, 2, 4]
+    assert runners_up(candidates, trials=1) == [5, 2]
     assert runners_up(candidates, trials=0) == []
-    assert runners_up(candidates, trials=5) == [2, 4]  # horovod is 30% behind: not a close call
+    assert runners_up(candidates, trials=5) == [5, 2, 4]
     assert runners_up([], trials=2) == []
+    synchronous_leader = ranked(("horovod", 1.00), ("bytescheduler", 1.01), ("mgwfbp", 1.30))
+    assert runners_up(synchronous_leader, trials=2) == [1]  # mgwfbp: no close call
+    only_overlap = ranked(("bytescheduler", 1.00), ("prophet", 1.01))
+    assert runners_up(only_overlap, trials=2) == [1]
 
 
 def test_a_runner_up_predicted_from_another_fit_has_the_wider_window() -> None:
@@ -82,7 +88,7 @@ def test_a_runner_up_predicted_from_another_fit_has_the_wider_window() -> None:
             Block(0, (Piece(0, 0, 9),), "float32", Collective.REDUCE_SCATTER),
             Block(1, (Piece(0, 0, 9),), "float32", Collective.ALL_GATHER, source=0))), seconds)
 
-    leader = ranked(("bytescheduler", 1.00), ("horovod", 1.20))
+    leader = ranked(("mgwfbp", 1.00), ("horovod", 1.20))
     assert runners_up([*leader, decoupled(1.20)], trials=2) == [2]  # horovod: same fit, 20% off
     assert runners_up([*leader, decoupled(1.0 + CROSS_FIT_TRIAL_WINDOW * 1.01)], trials=2) == []
     assert runners_up([*leader, decoupled(1.20)], trials=2, cross_fit_window=TRIAL_WINDOW) == []
@@ -147,19 +153,21 @@ def test_auto_measures_its_runners_up_interleaved_and_keeps_the_fastest() -> Non
     state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509), ("horovod", 0.60))
     windows = {"bytescheduler": [0.50, 0.462, 0.460, 0.465, 0.459, 0.461, 0.463],
                "prophet": [0.463, 0.466, 0.470, 0.468, 0.467, 0.465],
-               "dear": [0.60, 0.441, 0.440, 0.445, 0.442, 0.444]}
+               "dear": [0.60, 0.441, 0.440, 0.445, 0.442, 0.444], "horovod": [0.50] * 6}
     verdicts = _run_windows(state, windows)
     # The check starts the trials (their plans made again from its window: Note [Trials of
     # steady plans]); every trial window but the last ends in another plan's install; after the
     # last, which ran the choice, dear is installed to stay.
-    assert verdicts == [Verdict.TRIALS] + [Verdict.INSTALL] * 3 * TRIAL_ROUNDS
+    # horovod, the synchronous baseline, is measured first.
+    assert verdicts == [Verdict.TRIALS] + [Verdict.INSTALL] * 4 * TRIAL_ROUNDS
     policies = [h["policy"] for h in state.history]
-    assert policies == (["bytescheduler"] + ["prophet", "dear", "bytescheduler"] * TRIAL_ROUNDS
+    assert policies == (["bytescheduler"]
+                        + ["horovod", "prophet", "dear", "bytescheduler"] * TRIAL_ROUNDS
                         + ["dear"])
     assert [h["why"] for h in state.history][-1] == "kept"
     assert state.chosen is not None and state.chosen.policy.value == "dear"
     assert not state.deciding and state.measured_s == 0.443
-    assert state.history[1]["predicted_s"] == 0.456  # each window carries its own prediction
+    assert state.history[2]["predicted_s"] == 0.456  # each window carries its own prediction
 
 
 def test_the_choices_check_is_not_one_of_its_trial_windows() -> None:
@@ -218,7 +226,7 @@ def test_a_state_restored_from_a_checkpoint_keeps_its_plan() -> None:
 def test_auto_is_settled_once_its_kept_plan_is_planned_again() -> None:
     """Note [Planning from the steady state]: the plan kept is rebuilt once from its own
     iterations; a benchmark times `auto` only after that."""
-    state = _state(("bytescheduler", 0.454), ("horovod", 0.60))
+    state = _state(("bytescheduler", 0.454), ("horovod", 0.60), trials=0)
     _run_windows(state, {"bytescheduler": [0.46]})
     assert not state.deciding and state.settled
     state.refining = True  # the lifecycle schedules the re-plan
@@ -236,14 +244,14 @@ def test_the_trials_measure_plans_made_again_from_the_choices_window() -> None:
     """Note [Trials of steady plans]: when the trials start, the choice and every runner-up to
     measure (not the candidates left out) get the plan the lifecycle made again for them."""
     state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509),
-                   ("horovod", 0.90))
+                   ("horovod", 0.90), ("mgwfbp", 0.95))
     for _ in range(state.window):
         state.record(1.0)
     assert state.conclude(0.46) is Verdict.TRIALS
-    assert state.trial_candidates() == [0, 1, 2]  # horovod is not a close call
-    again = {index: Plan(state.choices[index].policy.value, ()) for index in (0, 1, 2)}
-    left_out = state.choices[3].plan
+    assert state.trial_candidates() == [0, 1, 2, 3]  # mgwfbp is not a close call
+    again = {index: Plan(state.choices[index].policy.value, ()) for index in (0, 1, 2, 3)}
+    left_out = state.choices[4].plan
     state.replan_trials(again)
-    assert [c.plan for c in state.choices[:3]] == [again[0], again[1], again[2]]
-    assert state.choices[3].plan is left_out
-    assert state.chosen is not None and state.chosen.plan is again[1]  # the first trial
+    assert [c.plan for c in state.choices[:4]] == [again[i] for i in range(4)]
+    assert state.choices[4].plan is left_out
+    assert state.chosen is not None and state.chosen.plan is again[3]  # the baseline first
