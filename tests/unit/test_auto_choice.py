@@ -16,6 +16,7 @@ from commsched.runtime.auto import (
     TRIAL_WINDOW,
     AutoState,
     Verdict,
+    baselines,
     measured_fastest,
     prefer_synchronous,
     runners_up,
@@ -114,7 +115,9 @@ def test_a_policy_planning_a_schedule_already_picked_gives_its_place_to_the_next
     blocks = (Block(0, (Piece(0, 0, 1024),), "float32", Collective.ALLREDUCE, Stage.BACKWARD),)
     other = (Block(0, (Piece(0, 0, 512),), "float32"), Block(1, (Piece(0, 512, 512),), "float32"))
     small = {"partition_bytes": 1}
-    candidates = [Ranked(Policy.MGWFBP, {}, Plan("mgwfbp", other), 1.00),
+    # The leader sends fewest blocks: no quiet baseline (Note [A quiet backward is measured too]).
+    single = (Block(0, (Piece(0, 0, 2048),), "float32"),)
+    candidates = [Ranked(Policy.MGWFBP, {}, Plan("mgwfbp", single), 1.00),
                   Ranked(Policy.BYTESCHEDULER, {}, Plan("bytescheduler", blocks), 1.01),
                   Ranked(Policy.BYTESCHEDULER, small, Plan("bytescheduler", other), 1.02),
                   Ranked(Policy.PROPHET, {}, Plan("prophet", blocks), 1.01),
@@ -125,6 +128,30 @@ def test_a_policy_planning_a_schedule_already_picked_gives_its_place_to_the_next
     # The same blocks under another credit are another schedule too.
     candidates[3] = Ranked(Policy.PROPHET, {"credit_bytes": 1}, Plan("prophet", blocks), 1.01)
     assert runners_up(candidates, trials=2) == [1, 3]
+
+
+def test_the_synchronous_plan_with_fewest_blocks_is_measured_when_close() -> None:
+    """Note [A quiet backward is measured too]: the unshaped Transformer's case, ddp's two
+    blocks predicted 10% behind, measured fastest."""
+    def plan_of(name: str, blocks: int) -> Plan:
+        return Plan(name, tuple(Block(b, (Piece(b, 0, 8),), "float32") for b in range(blocks)))
+
+    def candidate(name: str, blocks: int, seconds: float, knobs: dict | None = None) -> Ranked:
+        return Ranked(Policy(name), knobs or {}, plan_of(name, blocks), seconds)
+
+    candidates = [candidate("horovod", 24, 1.00), candidate("mgwfbp", 20, 1.01),
+                  candidate("ddp", 13, 1.02, {"bucket_bytes": 1}),
+                  candidate("ddp", 2, 1.10, {"bucket_bytes": 25})]
+    assert baselines(candidates) == [3]
+    assert runners_up(candidates, trials=2) == [3, 1]  # one ddp plan: the quiet one
+    # far behind, it is no close call
+    assert baselines([*candidates[:3], candidate("ddp", 2, 1.0 + 1.01 * CROSS_FIT_TRIAL_WINDOW,
+                                                 {"bucket_bytes": 25})]) == []
+    # an overlap leader: the best synchronous plan first, then the quiet one
+    overlap_first = [candidate("bytescheduler", 30, 0.95), *candidates]
+    assert baselines(overlap_first) == [1, 4]
+    # the leader is the quiet plan itself: nothing to add
+    assert baselines([candidates[3], *candidates[:3]]) == []
 
 
 def _state(*entries: tuple[str, float], trials: int = 2) -> AutoState:
