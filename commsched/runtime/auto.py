@@ -84,9 +84,10 @@ TRIAL_ROUNDS = 6
 # again, with its knobs, from the window of the choice's check: the choice's iterations past
 # the profiling steps, on the network fitted on the profiling steps, as the refinement does.
 # Ready times are the backward's, which every synchronous plan and every overlap plan shares
-# closely enough; what the plan itself changes is refined again for the plan kept. Windows of
-# 10 steps, where one step's time spreads 25-33% of its median on this machine's 2 cores: four
-# rounds resolved about 3%, six about 2.5%.
+# closely enough; what the plan itself changes is refined again for the plan kept. Six rounds,
+# not four: unshaped, one plan's six window medians spread over up to 29% of their median here
+# (ddp 1 MiB on the CNN: 34.6-45.5 ms), and a median of more windows moves less with one slow
+# window.
 
 # Note [A prediction from another fit]
 # The profiling steps fit the all-reduce on half of the units and reduce-scatter and all-gather

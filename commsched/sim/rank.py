@@ -30,10 +30,10 @@ KNOB_GRID: dict[str, dict[str, tuple[int, ...]]] = {
 }
 
 # Note [Credit follows the partition]
-# ByteScheduler's credit is a window of partitions: a block launched on the transport cannot be
-# overtaken (a group's collectives run in launch order), so the priority queue only orders what
-# is not launched yet, and with the configured 16 MiB credit up to sixteen 1 MiB partitions of
-# later layers are committed ahead of a block the next forward pass waits for. The benchmarks'
+# ByteScheduler's credit is a window of partitions: the priority queue only orders what is not
+# launched yet, and a block once launched runs (or shares the link) ahead of anything launched
+# after it, so with the configured 16 MiB credit up to sixteen 1 MiB partitions of later layers
+# can be committed ahead of a block the next forward pass waits for. The benchmarks'
 # partitioning candidates run a credit of two partitions (one on the wire, one staged); `auto`'s
 # bytescheduler 1 MiB with the configured credit measured 374.9 ms against that candidate's
 # 362.0 on the 2-rank Transformer at 1 Gbit/s (benchmarks/overlap of 2026-11-25), `auto` then
