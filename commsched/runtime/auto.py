@@ -194,8 +194,8 @@ def baselines(ranked: list[Ranked], window: float = CROSS_FIT_TRIAL_WINDOW) -> l
     if synchronous:
         quiet = min(synchronous, key=lambda i: (len(ranked[i].plan.blocks), i))
         close = ranked[quiet].predicted_s <= ranked[0].predicted_s * (1.0 + window)
-        if close and quiet != 0 and quiet not in out \
-                and not any(same_schedule(ranked[quiet], ranked[i]) for i in [0, *out]):
+        # same_schedule covers the leader and the other baseline themselves and their twins.
+        if close and not any(same_schedule(ranked[quiet], ranked[i]) for i in [0, *out]):
             out.append(quiet)
     return out
 

@@ -103,14 +103,15 @@ def test_auto_installs_one_plan_everywhere_and_trains_like_the_reference() -> No
             best_sync = next(name for name in ranked if name not in overlap)
             assert last[1]["policy"] == best_sync and last[1]["why"] == "trial"
         assert len(runners) == len(plans) - 1 <= 3 + baseline
-        synchronous_trials = [w for w in last[1:] if w["policy"] not in overlap]
-        for window in last[1:]:  # close calls (dear's collectives: the other fit's)
-            if synchronous_trials and window["policy"] in {w["policy"] for w in
-                                                           synchronous_trials[:2]}:
-                continue  # a baseline: measured however far behind (the Notes above)
+        far = set()  # plans measured that are no close call (dear's collectives: the other fit's)
+        for window in last[1:]:
             other_fit = (window["policy"] == "dear") != (last[0]["policy"] == "dear")
             allowed = CROSS_FIT_TRIAL_WINDOW if other_fit else TRIAL_WINDOW
-            assert window["predicted_s"] <= last[0]["predicted_s"] * (1 + allowed)
+            if window["predicted_s"] > last[0]["predicted_s"] * (1 + allowed):
+                far.add((window["policy"], str(window["knobs"])))
+        # Only a baseline may be measured however far behind (the Notes above): synchronous,
+        # and at most the two of them.
+        assert len(far) <= 2 and not {policy for policy, _ in far} & overlap
         if runners:  # the choice's check is not one of its trial windows
             choice = f"{last[0]['policy']} {last[0]['knobs']}"
             assert last[-1]["why"] == "kept"
