@@ -113,7 +113,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("auto_trials", Kind.COUNT, 2, "`auto`: after its choice has run 20 steps, this many "
          "runners-up of other policies (predicted within 15% of it, one per schedule) and the "
          "choice (with the best synchronous plan when the choice overlaps iterations, and the "
-         "synchronous plan with the fewest blocks when predicted within 30%) run six "
+         "synchronous plan with the fewest blocks when predicted within 30%, and one other knob "
+         "setting of a measured policy predicted within 2% of it) run six "
          "interleaved windows of 10 steps each, and the measured-fastest stays (0: the "
          "prediction alone decides).", minimum=0, maximum=16),
     Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
