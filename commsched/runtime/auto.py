@@ -66,8 +66,11 @@ OVERLAP_MARGIN = 0.05
 #   the same order, and a second policy with the choice's or a runner-up's very blocks, groups,
 #   mode and credit gives its place to the next policy (unshaped, the Transformer: both took
 #   the two places, and ddp, the fastest there in most runs, was never measured).
-# A runner-up must also beat the choice by SWITCH_MARGIN (the benchmarks' tolerance for
-# `auto`): a smaller gain is not worth trusting a measurement for. Trials run once per choice,
+# A runner-up must also beat the choice by SWITCH_MARGIN: a smaller gain is not worth trusting
+# a measurement for. The margin is half the benchmarks' 2% tolerance for `auto`, not all of it:
+# with a margin of 2%, 2 ranks, the Transformer at 1 Gbit/s, bytescheduler 1 MiB measured 1.9%
+# faster than dear in the trials (335.6 against 342.1 ms), dear stayed, and the benchmark's
+# rounds then put it 3.0% behind (346.7 against 336.7). Trials run once per choice,
 # in the first hundred-odd steps of training; the plans they run are correct plans, only
 # possibly slower ones.
 TRIAL_WINDOW = 0.15
@@ -145,7 +148,7 @@ CROSS_FIT_TRIAL_WINDOW = 0.30
 # trials already take 300-odd steps).
 TIE_WINDOW = 0.02
 TRIAL_STEPS = 10
-SWITCH_MARGIN = 0.02
+SWITCH_MARGIN = 0.01
 
 
 class Verdict(Enum):
