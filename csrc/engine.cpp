@@ -42,11 +42,22 @@ void Engine::release_transport() {
   transport_.reset();
 }
 
+// Note [Waking the threads to stop]
+// stop_ is an atomic read inside each wait's predicate, under the wait's own mutex; setting it
+// does not take that mutex. A thread that has just found the predicate false, and not yet
+// blocked, would miss a notify sent in between and sleep for good (the completion thread's wait
+// for work has no deadline): a 3-rank test hung here once, rank 0 joining its threads in
+// shutdown while the others waited for it in the next optimizer's first collective. Taking
+// each mutex once after setting stop_ orders the notify after any such check: the thread either
+// saw stop_ or is already blocked and is woken.
 void Engine::shutdown() {
   if (stop_.exchange(true)) return;
   ready_queue_.wake_all();
+  { std::lock_guard<std::mutex> lock(flight_mu_); }
   flight_cv_.notify_all();
+  { std::lock_guard<std::mutex> lock(credit_mu_); }
   credit_cv_.notify_all();
+  { std::lock_guard<std::mutex> lock(mu_); }
   done_cv_.notify_all();
   if (engine_thread_.joinable()) engine_thread_.join();
   if (completion_thread_.joinable()) completion_thread_.join();
