@@ -20,6 +20,39 @@ class WorkCollective : public PendingCollective {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
+// Note [Gloo's reduce-scatter of device tensors]
+// Gloo reduces-scatters a device tensor by cloning it, all-reducing the clone and copying this
+// rank's shard out inside Work::wait(); the Work it returns never reports itself completed, so
+// an engine that asks done() of device collectives (Note [Waiting for device work]) would wait
+// until its timeout. On a Gloo group the transport therefore does the same thing itself: the
+// all-reduce's Work answers done(), and wait() copies the shard on the caller's current stream
+// (the engine's comm stream, which also allocated the clone, so freeing it after the copy is
+// queued is safe). The bytes on the wire are those of Gloo's own path.
+class ShardOfAllreduce : public PendingCollective {
+ public:
+  ShardOfAllreduce(c10::intrusive_ptr<c10d::ProcessGroup>& group, const at::Tensor& input,
+                   at::Tensor output)
+      : buffer_(input.clone()), output_(std::move(output)), group_size_(group->getSize()),
+        rank_(group->getRank()) {
+    std::vector<at::Tensor> tensors{buffer_};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    work_ = group->allreduce(tensors, options);
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    work_->wait(timeout);
+    output_.copy_(buffer_.chunk(group_size_)[rank_]);
+  }
+  bool done() override { return work_->isCompleted(); }
+
+ private:
+  at::Tensor buffer_;
+  at::Tensor output_;
+  int64_t group_size_;
+  int64_t rank_;
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
 class DoneCollective : public PendingCollective {
  public:
   void wait(std::chrono::milliseconds) override {}
@@ -42,6 +75,8 @@ std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, 
     next_ring_tag_ = (base + ring_tags(group_->getSize(), shard, input.element_size())) % (1 << 30);
     return launch_ring(group_, op, input, output, base);
   }
+  if (ring_ && op == Collective::kReduceScatter)
+    return std::make_unique<ShardOfAllreduce>(group_, input, output);
   switch (op) {
     case Collective::kAllreduce: {
       std::vector<at::Tensor> tensors{input};

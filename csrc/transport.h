@@ -37,8 +37,10 @@ class Transport {
 
 class ProcessGroupTransport : public Transport {
  public:
-  // `ring`: run reduce-scatter and all-gather of CPU tensors as the engine's own pipelined
-  // rings (Note [Why the engine rings its own reduce-scatter], ring.h) instead of the group's.
+  // `ring` (a Gloo group): run reduce-scatter and all-gather of CPU tensors as the engine's own
+  // pipelined rings (Note [Why the engine rings its own reduce-scatter], ring.h) instead of the
+  // group's, and device tensors' reduce-scatter as an all-reduce the engine can poll (Note
+  // [Gloo's reduce-scatter of device tensors], transport.cpp).
   explicit ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, bool ring = false);
   std::unique_ptr<PendingCollective> launch(Collective op, at::Tensor& input,
                                             at::Tensor& output) override;
