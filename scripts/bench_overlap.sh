@@ -9,7 +9,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 CNN_RATE="${CNN_RATE:-1gbit}"
 TRANSFORMER_RATE="${TRANSFORMER_RATE:-1gbit}"
 OUT="${OUT:-benchmarks/overlap}"
-CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:bytescheduler?partition_bytes=1MiB&credit_bytes=2MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
+# The second bytescheduler 2 MiB (#control: Note [A control candidate] in
+# commsched/bench/compression_speed.py) is prophet's baseline run twice: prophet against
+# bytescheduler is read beside bytescheduler against itself.
+CANDIDATES="local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:bytescheduler?partition_bytes=1MiB&credit_bytes=2MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB#control,commsched:dear?fusion_threshold=4MiB,commsched:auto"
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch rate ranks out
   scripts/netem.sh up "$3"

@@ -110,12 +110,7 @@ def pair_lines(pairs: list[dict[str, Any]] | None) -> str:
     text = ""
     for pair in pairs or []:
         first, second = parse_candidate(pair["first"])[0], parse_candidate(pair["second"])[0]
-        paired = pair.get("paired_ratio")
-        spread = pair.get("measured_ratio_interval")
-        text += (f"\n{first} against {second}: measured {pair['measured_ratio']:.3f}x (ratio of "
-                 f"medians{'' if spread is None else '; over resampled rounds ' + _spread(spread)})"
-                 + ("" if paired is None else
-                    f", {paired:.3f}x paired by round (median of per-round ratios)"))
+        text += f"\n{first} against {second}: {_measured(pair)}"
         same = pair.get("same_profiles")
         if same:
             ratios = same["predicted_ratios"]
@@ -123,7 +118,19 @@ def pair_lines(pairs: list[dict[str, Any]] | None) -> str:
                      f"simulated: identical plans on {same['identical_plans']}, {first} "
                      f"predicted {min(ratios):.3f}-{max(ratios):.3f}x {second}")
         text += "\n"
+        for control in pair.get("controls") or []:
+            text += (f"\n{parse_candidate(control['label'])[0]} against its control (the same "
+                     f"candidate run again in this job): {_measured(control)}\n")
     return text
+
+
+def _measured(entry: dict[str, Any]) -> str:
+    spread = entry.get("measured_ratio_interval")
+    paired = entry.get("paired_ratio")
+    return (f"measured {entry['measured_ratio']:.3f}x (ratio of medians"
+            f"{'' if spread is None else '; over resampled rounds ' + _spread(spread)})"
+            + ("" if paired is None else
+               f", {paired:.3f}x paired by round (median of per-round ratios)"))
 
 
 def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> None:

@@ -11,6 +11,10 @@ one step's time varies by about 10%). Two figures separate the planners from tha
   the rules coincide for that profile;
 * the measured ratio paired by round: both candidates ran in every round, so the median of the
   per-round ratios is not moved by a slow phase of the machine that fell on one of them.
+
+Where a member of the pair also runs as a control (Note [A control candidate] in
+compression_speed.py), the pair carries the member against its control, measured the same
+ways: how far apart one candidate lands from itself in this job.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 from ..config import Policy, load_config
 from ..sim import FittedNetwork, profile_from_document
 from ..sim.rank import PlanCache
-from .compression_speed import parse_candidate
+from .compression_speed import CONTROL, is_control, parse_candidate
 from .resample import ratio_interval, round_series
 
 # (challenger, baseline): Prophet is ByteScheduler's priority rule with blocks sized from the
@@ -30,8 +34,8 @@ PAIRS = (("prophet", "bytescheduler"),)
 
 
 def _candidates_of(labels: list[str], policy: str) -> list[str]:
-    return [label for label in labels
-            if label.startswith("commsched:") and parse_candidate(label)[0] == policy]
+    return [label for label in labels if label.startswith("commsched:")
+            and not is_control(label) and parse_candidate(label)[0] == policy]
 
 
 def pair_labels(labels: list[str], policy: str, baseline: str) -> tuple[str, str] | None:
@@ -94,14 +98,24 @@ def compare_pairs(labels: list[str], documents: list[dict], rows: list[dict],
         if pair is None:
             continue
         first, second = pair
-        entry: dict[str, Any] = {
-            "first": first, "second": second,
-            "measured_ratio": medians[first] / medians[second],
-            "paired_ratio": paired_ratio(rows, first, second)}
-        series = round_series(rows, [first, second])
-        if series is not None:  # Note [Resampling whole rounds] in resample.py
-            entry["measured_ratio_interval"] = list(ratio_interval(series, first, second))
+        entry: dict[str, Any] = {"first": first, "second": second,
+                                 **measured_pair(rows, medians, first, second)}
         entry["same_profiles"] = planners_on_same_profiles(documents, first, second,
                                                            allreduce_all_ms)
+        entry["controls"] = [{"label": label + CONTROL,
+                              **measured_pair(rows, medians, label, label + CONTROL)}
+                             for label in pair if label + CONTROL in medians]
         out.append(entry)
     return out
+
+
+def measured_pair(rows: list[dict], medians: dict[str, float], first: str,
+                  second: str) -> dict[str, Any]:
+    """`first` against `second`: ratio of medians, paired by round, and the ratio's interval
+    over resampled rounds."""
+    entry: dict[str, Any] = {"measured_ratio": medians[first] / medians[second],
+                             "paired_ratio": paired_ratio(rows, first, second)}
+    series = round_series(rows, [first, second])
+    if series is not None:  # Note [Resampling whole rounds] in resample.py
+        entry["measured_ratio_interval"] = list(ratio_interval(series, first, second))
+    return entry

@@ -18,7 +18,7 @@ from ..sim.compressed import compress_run, with_shapes
 from ..sim.floor import schedule_floor
 from ..sim.network import bulk_seconds_per_wire_byte
 from .compare_report import verdicts_of
-from .compression_speed import COMPRESSION_KNOBS, parse_candidate
+from .compression_speed import COMPRESSION_KNOBS, is_control, parse_candidate
 from .resample import interval, resampled, round_series, share_at_most
 
 
@@ -100,7 +100,7 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
     mine = compressing(auto_label)
     measured = {r["name"]: r["median_ms"] for r in rows
                 if r["name"].startswith("commsched:") and parse_candidate(r["name"])[0] != "auto"
-                and compressing(r["name"]) == mine}
+                and not is_control(r["name"]) and compressing(r["name"]) == mine}
     fastest = min(measured, key=lambda name: measured[name]) if measured else None
     fastest_policy = parse_candidate(fastest)[0] if fastest else None
     own = next((r["median_ms"] for r in rows if r["name"] == auto_label), None)

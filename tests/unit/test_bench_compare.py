@@ -165,6 +165,11 @@ def test_auto_verdict_weighs_autos_own_median_against_the_fastest() -> None:
     assert verdict["auto_within_tolerance"]
     assert "1.015x the fastest other commsched candidate (100.0 ms): within 2%: yes" in \
         auto_line(verdict)
+    # A control (Note [A control candidate]) is no other candidate to beat.
+    control = auto_verdict(rows[:-1] + [{"name": "commsched:dear?fusion_threshold=4MiB#control",
+                                         "median_ms": 90.0}] + rows[-1:], "commsched:auto",
+                           summary)
+    assert control["measured_fastest"] == "commsched:dear?fusion_threshold=4MiB"
     rows[-1]["median_ms"] = 103.0
     verdict = auto_verdict(rows, "commsched:auto", summary)
     assert not verdict["auto_within_tolerance"]

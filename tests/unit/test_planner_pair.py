@@ -80,3 +80,27 @@ def test_the_baseline_at_several_knobs_pairs_with_the_challengers_knobs() -> Non
     assert pair_labels([small, other, PROPHET], "prophet", "bytescheduler") is None
     assert pair_labels([PROPHET, "commsched:prophet", BYTESCHEDULER], "prophet",
                        "bytescheduler") is None
+
+
+def test_a_control_repeats_its_candidate_and_is_measured_against_it() -> None:
+    # Note [A control candidate]: the control parses as the candidate it repeats, pairs with no
+    # planner, and its distance from the candidate is reported beside the pair.
+    from commsched.bench.compression_speed import CONTROL, is_control, parse_candidate
+
+    control = BYTESCHEDULER + CONTROL
+    assert is_control(control) and not is_control(BYTESCHEDULER)
+    assert parse_candidate(control) == parse_candidate(BYTESCHEDULER)
+    labels = [PROPHET, BYTESCHEDULER, control]
+    assert pair_labels(labels, "prophet", "bytescheduler") == (PROPHET, BYTESCHEDULER)
+    rows = [{"name": PROPHET, "median_ms": 103.0, "round_medians_ms": [103.0, 103.0, 103.0]},
+            {"name": BYTESCHEDULER, "median_ms": 100.0, "round_medians_ms": [100.0, 100.0, 100.0]},
+            {"name": control, "median_ms": 102.0, "round_medians_ms": [102.0, 101.0, 102.0]}]
+    pairs = compare_pairs(labels, [], rows, None)
+    assert [c["label"] for c in pairs[0]["controls"]] == [control]
+    assert pairs[0]["controls"][0]["measured_ratio"] == pytest.approx(100 / 102)
+    assert pairs[0]["controls"][0]["paired_ratio"] == pytest.approx(100 / 102)
+    text = pair_lines(pairs)
+    assert "prophet against bytescheduler: measured 1.030x" in text
+    assert "bytescheduler against its control (the same candidate run again in this job): " \
+        "measured 0.980x" in text
+    assert compare_pairs([PROPHET, BYTESCHEDULER], [], rows[:2], None)[0]["controls"] == []
