@@ -8,6 +8,14 @@
 namespace commsched {
 
 namespace {
+c10::intrusive_ptr<c10d::Work> allreduce_sum(c10d::ProcessGroup& group,
+                                             const at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  return group.allreduce(tensors, options);
+}
+
 class WorkCollective : public PendingCollective {
  public:
   explicit WorkCollective(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
@@ -33,12 +41,7 @@ class ShardOfAllreduce : public PendingCollective {
   ShardOfAllreduce(c10::intrusive_ptr<c10d::ProcessGroup>& group, const at::Tensor& input,
                    at::Tensor output)
       : buffer_(input.clone()), output_(std::move(output)), group_size_(group->getSize()),
-        rank_(group->getRank()) {
-    std::vector<at::Tensor> tensors{buffer_};
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
-    work_ = group->allreduce(tensors, options);
-  }
+        rank_(group->getRank()), work_(allreduce_sum(*group, buffer_)) {}
   void wait(std::chrono::milliseconds timeout) override {
     work_->wait(timeout);
     output_.copy_(buffer_.chunk(group_size_)[rank_]);
@@ -78,12 +81,8 @@ std::unique_ptr<PendingCollective> ProcessGroupTransport::launch(Collective op, 
   if (ring_ && op == Collective::kReduceScatter)
     return std::make_unique<ShardOfAllreduce>(group_, input, output);
   switch (op) {
-    case Collective::kAllreduce: {
-      std::vector<at::Tensor> tensors{input};
-      c10d::AllreduceOptions options;
-      options.reduceOp = c10d::ReduceOp::SUM;
-      return std::make_unique<WorkCollective>(group_->allreduce(tensors, options));
-    }
+    case Collective::kAllreduce:
+      return std::make_unique<WorkCollective>(allreduce_sum(*group_, input));
     case Collective::kReduceScatter: {
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
