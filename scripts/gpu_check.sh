@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (issue 14): on a machine with a CUDA device, builds commsched._C against the
 # torch there, runs the overhead benchmark's GPU part (world of one, every policy beside the plain
-# optimizer; GPT-2 124M when transformers is importable) and then tests/gpu/, each under its own
+# optimizer; GPT-2 124M when transformers is importable; timed synchronised per step and
+# free-running, Note [Two clocks on a GPU]) and then tests/gpu/, each under its own
 # limit ($GPU_CHECK_BENCH_S, $GPU_CHECK_TESTS_S; 300 s each), and writes a report to
 # benchmarks/gpu/ (README.md, tests.log, junit.xml, overhead/). Exits non-zero if a test failed.
 # Without a CUDA device it stops at once with one line saying so.
@@ -45,7 +46,8 @@ set +e
 # The benchmark goes first: a lent machine's minutes are few, and a hung test must not eat the
 # report (the first run, 2026-11-26, lost it that way). Each part has its own limit.
 timeout "${GPU_CHECK_BENCH_S:-300}" env OVERHEAD_COMMAND="scripts/gpu_check.sh" \
-  "$PY" -m commsched.bench.overhead --device cuda --rounds "$ROUNDS" --out "$OUT/overhead" 2>&1 \
+  "$PY" -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
+  --out "$OUT/overhead" 2>&1 \
   | tee "$OUT/overhead.log"
 BENCH_RC=${PIPESTATUS[0]}
 set -e
