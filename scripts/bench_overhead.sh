@@ -3,7 +3,7 @@
 # optimizer on the built-in MLP, CNN and Transformer, rounds interleaved, ratios of best medians,
 # glibc's malloc keeping freed memory (commsched/bench/allocator.py says why).
 # On a machine with a GPU (torch.cuda available) it runs again on the GPU, with GPT-2 124M when
-# `transformers` is importable. Writes benchmarks/overhead/<device>/{README.md,results.json,results.png}.
+# `transformers` is importable, timed both ways (Note [Two clocks on a GPU]). Writes benchmarks/overhead/<device>/{README.md,results.json,results.png}.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -15,7 +15,8 @@ ROUNDS="${ROUNDS:-40}"
 export OVERHEAD_COMMAND="scripts/bench_overhead.sh"
 .venv/bin/python -m commsched.bench.overhead --device cpu --rounds "$ROUNDS" --out "$OUT/cpu"
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  .venv/bin/python -m commsched.bench.overhead --device cuda --rounds "$ROUNDS" --out "$OUT/gpu"
+  .venv/bin/python -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
+    --out "$OUT/gpu"
 else
   echo "bench_overhead: no GPU here (torch.cuda.is_available() is false): GPU part not run" >&2
 fi
