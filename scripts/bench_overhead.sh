@@ -3,7 +3,8 @@
 # optimizer on the built-in MLP, CNN and Transformer, rounds interleaved, ratios of best medians,
 # glibc's malloc keeping freed memory (commsched/bench/allocator.py says why).
 # On a machine with a GPU (torch.cuda available) it runs again on the GPU, with GPT-2 124M when
-# `transformers` is importable, timed both ways (Note [Two clocks on a GPU]). Writes benchmarks/overhead/<device>/{README.md,results.json,results.png}.
+# `transformers` is importable, timed both ways (Note [Two clocks on a GPU]).
+# Writes benchmarks/overhead/<device>/{README.md,results.json,results.png}.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
