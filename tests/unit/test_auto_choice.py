@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from commsched.config import Policy
 from commsched.plan import Block, Collective, Piece, Plan, Stage
-from commsched.runtime.auto import (
-    CHECK_STEPS,
+from commsched.runtime.auto import CHECK_STEPS, AutoState, Verdict
+from commsched.runtime.auto_trials import (
     CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
     SWITCH_MARGIN,
@@ -15,8 +15,6 @@ from commsched.runtime.auto import (
     TRIAL_ROUNDS,
     TRIAL_STEPS,
     TRIAL_WINDOW,
-    AutoState,
-    Verdict,
     baselines,
     measured_fastest,
     prefer_synchronous,
