@@ -43,7 +43,8 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
         verdict = "met" if row["vs_plain"] <= limit else "MISSED"
         out.append(f"{model} {row['candidate']}: {row['vs_plain']:.3f}x (target <= {limit:.2f}x) "
                    f"{verdict}")
-    out.append(auto_against_fastest(model, rows, "best_median_ms", "synchronised per step"))
+    clock = "synchronised per step" if device == "cuda" else "per step"
+    out.append(auto_against_fastest(model, rows, "best_median_ms", clock))
     if rows and "free_best_median_ms" in rows[0]:
         out.append(auto_against_fastest(model, rows, "free_best_median_ms", "free-running"))
     return [line for line in out if line]
