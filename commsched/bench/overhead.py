@@ -105,8 +105,9 @@ def make_candidates(work: Workload, optimizer: str, policies: list[str]) -> list
     return out
 
 
-def _step(cand: Candidate, work: Workload, step: int, autocast: bool) -> None:
-    x, y = work.make_batch(step)
+def _step(cand: Candidate, work: Workload, step: int, autocast: bool,
+          batch: tuple[Any, Any] | None = None) -> None:
+    x, y = batch if batch is not None else work.make_batch(step)
     cand.optimizer.zero_grad()
     device_type = "cuda" if torch.cuda.is_available() and autocast else "cpu"
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
@@ -147,20 +148,28 @@ def steps_per_round(plain: Candidate, work: Workload, device: torch.device, auto
 # H200). A loop that reads its loss only now and then keeps the queue full instead. The
 # free-running clock times that loop: no synchronisation inside a round, a CUDA event recorded
 # after each step, and a step's time is the device time between two events (which includes
-# the device waiting for the host, so a host-bound step still shows its host cost).
+# the device waiting for the host, so a host-bound step still shows its host cost). Its batches
+# are on the device before the first event: a batch's copy from pageable host memory waits
+# for the stream to empty (torch's blocking copy synchronises), which would drain the queue
+# every step again. A user's loop keeps its queue full the same way: a DataLoader with
+# pin_memory=True and .to(device, non_blocking=True).
 def _free_running_times(cand: Candidate, work: Workload, device: torch.device, first: int,
                         steps: int, autocast: bool) -> list[float]:
-    """Seconds per step of `steps` steps run without a synchronisation between them."""
-    if device.type != "cuda":  # nothing runs ahead of the host: the wall clock is the clock
+    """Seconds per step of `steps` steps run without a synchronisation between them (on a
+    CPU nothing runs ahead of the host, and this is the per-step clock without the batches'
+    making)."""
+    batches = [work.make_batch(first + i) for i in range(steps)]
+    if device.type != "cuda":
         ends = [time.perf_counter()]
         for i in range(steps):
-            _step(cand, work, first + i, autocast)
+            _step(cand, work, first + i, autocast, batches[i])
             ends.append(time.perf_counter())
         return [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    torch.cuda.synchronize(device)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
     events[0].record()
     for i in range(steps):
-        _step(cand, work, first + i, autocast)
+        _step(cand, work, first + i, autocast, batches[i])
         events[i + 1].record()
     torch.cuda.synchronize(device)
     return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:], strict=False)]
@@ -171,7 +180,8 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
     """Each round runs every candidate, in a shuffled order, for `steps` timed steps after one
     untimed one; a step's time is from the end of the previous step to the end of this one, so
     an update deferred to the next forward pass (overlap policies) is counted in the step that
-    runs it."""
+    runs it. With `free_running`, `steps` more steps follow on the other clock (Note [Two
+    clocks on a GPU]) before the round's deferred update is flushed."""
     for cand in candidates:
         for i in range(warmup):  # profiling steps, the re-plan, auto's 20-step check
             _step(cand, work, i, autocast)

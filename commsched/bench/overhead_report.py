@@ -43,10 +43,14 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
         verdict = "met" if row["vs_plain"] <= limit else "MISSED"
         out.append(f"{model} {row['candidate']}: {row['vs_plain']:.3f}x (target <= {limit:.2f}x) "
                    f"{verdict}")
-    clock = "synchronised per step" if device == "cuda" else "per step"
-    out.append(auto_against_fastest(model, rows, "best_median_ms", clock))
-    if rows and "free_best_median_ms" in rows[0]:
-        out.append(auto_against_fastest(model, rows, "free_best_median_ms", "free-running"))
+    # Item 4 where item 3 sets targets: the GPU's built-in models are launch-bound, and there
+    # the plain optimizer against its control already moves by 7-24%.
+    if out and device == "cuda":
+        out.append(auto_against_fastest(model, rows, "best_median_ms", "synchronised per step"))
+        if "free_best_median_ms" in rows[0]:
+            out.append(auto_against_fastest(model, rows, "free_best_median_ms", "free-running"))
+    elif out:
+        out.append(auto_against_fastest(model, rows, "best_median_ms", "per step"))
     return [line for line in out if line]
 
 
@@ -67,9 +71,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for result in results:
         free = bool(result["rows"]) and "free_best_median_ms" in result["rows"][0]
         lines += [f"## {result['model']}", "", f"{result['steps']} steps per round."
-                  + (" Free-running: the same number of steps after them, timed by CUDA events "
-                     "without a synchronisation per step (Note [Two clocks on a GPU] in "
-                     "commsched/bench/overhead.py)." if free else ""), "",
+                  + (" Free-running: the same number of steps after them, on batches already "
+                     "on the device, timed by CUDA events without a synchronisation per step "
+                     "(Note [Two clocks on a GPU] in commsched/bench/overhead.py)."
+                     if free else ""), "",
                   "| candidate | best median ms | vs plain |"
                   + (" free-running ms | vs plain |" if free else "")
                   + " plan installed | update groups | page faults per step |",
@@ -99,8 +104,17 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.5), squeeze=False)
     for ax, result in zip(axes[0], results, strict=True):
-        names = [r["candidate"] for r in result["rows"]]
-        ax.barh(names, [r["vs_plain"] for r in result["rows"]])
+        rows = result["rows"]
+        places = list(range(len(rows)))
+        if rows and "free_vs_plain" in rows[0]:
+            ax.barh([p - 0.2 for p in places], [r["vs_plain"] for r in rows], height=0.4,
+                    label="synchronised per step")
+            ax.barh([p + 0.2 for p in places], [r["free_vs_plain"] for r in rows], height=0.4,
+                    label="free-running")
+            ax.legend(fontsize="small")
+        else:
+            ax.barh(places, [r["vs_plain"] for r in rows])
+        ax.set_yticks(places, [r["candidate"] for r in rows])
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_title(result["model"])
         ax.set_xlabel("iteration time / plain optimizer")

@@ -1,5 +1,5 @@
 """`auto`'s choice between an overlap plan and a synchronous one (Note [Overlap must win by a
-margin] in commsched/runtime/auto.py) and its trials of close runners-up (Note [Measuring the
+margin] in commsched/runtime/auto_trials.py) and its trials of close runners-up (Note [Measuring the
 close calls]): pure, on hand-made rankings."""
 
 from __future__ import annotations

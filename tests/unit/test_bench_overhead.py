@@ -3,6 +3,7 @@ page faults it records, and the allocator setting it runs under."""
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 import time
@@ -92,18 +93,35 @@ def test_kept_memory_is_reused_without_faulting_it_in_again() -> None:
     assert int(done.stdout.strip()) < 6_656  # less than half a round's pages in four rounds
 
 
-def test_free_running_rounds_time_the_same_steps_again() -> None:
-    plain, work = _plain(0.001)
-    overhead.run([plain], work, torch.device("cpu"), warmup=1, rounds=2, steps=3,
+def test_free_running_rounds_time_the_same_steps_again(tmp_path: pathlib.Path) -> None:
+    plain, work = _plain(0.002)
+    slow, slow_work = _plain(0.006)
+    made: list[int] = []
+    make = work.make_batch
+
+    def counted(step: int) -> tuple[torch.Tensor, None]:
+        made.append(step)
+        return make(step)
+
+    work.make_batch = counted
+    # Both candidates share `work`: a slower model on the same batches.
+    work.make_model = slow_work.make_model
+    slower = overhead.Candidate("slower", slow.model, slow.optimizer)
+    overhead.run([plain, slower], work, torch.device("cpu"), warmup=1, rounds=2, steps=3,
                  autocast=False, free_running=True)
-    assert len(plain.free_medians) == 2 and all(m >= 0.001 for m in plain.free_medians)
-    row = overhead.rows_of([plain])[0]
-    assert row["free_vs_plain"] == 1.0
-    table = overhead.markdown([{"model": "slow", "steps": 3, "rows": [row], "targets": []}],
+    assert len(plain.free_medians) == 2 and all(m >= 0.002 for m in plain.free_medians)
+    # One batch per step: a warm-up step each, then per round and candidate one untimed step,
+    # three timed steps and three free-running ones, whose batches are made before they run.
+    assert len(made) == 2 + 2 * 2 * (1 + 3 + 3)
+    rows = overhead.rows_of([plain, slower])
+    assert 1.5 < rows[1]["free_vs_plain"] < 4.5, rows[1]  # 6 ms against 2 ms of sleep
+    table = overhead.markdown([{"model": "slow", "steps": 3, "rows": rows, "targets": []}],
                               {"device": "cpu", "command": "x", "torch": "t",
                                "optimizer": "sgd", "rounds": 2, "steps": 3, "round_ms": 1.0,
                                "warmup": 1, "threads": 1, "allocator": "a"})
     assert "| free-running ms | vs plain |" in table
+    overhead.plot([{"model": "slow", "rows": rows}], str(tmp_path / "plot.png"))
+    assert (tmp_path / "plot.png").stat().st_size > 0
 
 
 def _row(name: str, ms: float, free_ms: float) -> dict[str, object]:
@@ -121,3 +139,7 @@ def test_auto_is_held_to_the_fastest_policy_on_each_clock() -> None:
         "gpt2 auto, free-running: 1.005x the fastest policy (horovod) (target <= 1.02x) met"]
     # The plain optimizer is no policy: a world of one's auto is not held to it.
     assert "fastest" not in " ".join(overhead.targets("gpt2", "cuda", rows[:1] + rows[3:]))
+    # Nor on a model without item 3's targets (the GPU's launch-bound built-in models).
+    assert overhead.targets("mlp", "cuda", rows) == []
+    assert [line for line in overhead.targets("mlp", "cpu", rows) if "fastest" in line] == [
+        "mlp auto, per step: 1.039x the fastest policy (bytescheduler) (target <= 1.02x) MISSED"]
