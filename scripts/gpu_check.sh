@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (issue 14): on a machine with a CUDA device, builds commsched._C against the
 # torch there, runs the overhead benchmark's GPU part (world of one, every policy beside the plain
-# optimizer; GPT-2 124M when transformers is importable; timed synchronised per step and
+# optimizer; GPT-2 124M first when transformers is importable, each model's report written as it
+# is done, so a time limit keeps what was measured; timed synchronised per step and
 # free-running, Note [Two clocks on a GPU]) and then tests/gpu/, each under its own
 # limit ($GPU_CHECK_BENCH_S, $GPU_CHECK_TESTS_S; 300 s each), and writes a report to
 # benchmarks/gpu/ (README.md, tests.log, junit.xml, overhead/). Exits non-zero if a test failed.

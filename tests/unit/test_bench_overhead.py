@@ -3,6 +3,7 @@ page faults it records, and the allocator setting it runs under."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+import commsched
 from commsched.bench import overhead
 
 
@@ -125,8 +127,21 @@ def test_free_running_rounds_time_the_same_steps_again(tmp_path: pathlib.Path) -
 
 
 def _row(name: str, ms: float, free_ms: float) -> dict[str, object]:
-    return {"candidate": name, "best_median_ms": ms, "vs_plain": 1.0,
-            "free_best_median_ms": free_ms, "free_vs_plain": 1.0}
+    return {"candidate": name, "best_median_ms": ms, "vs_plain": ms / 40.0,
+            "free_best_median_ms": free_ms, "free_vs_plain": free_ms / 40.0}
+
+
+def test_the_targets_print_what_the_control_read_on_each_clock() -> None:
+    rows = [_row("plain", 40.0, 40.0), _row(overhead.CONTROL, 41.2, 38.0),
+            _row("horovod", 40.0, 39.0), _row("auto", 40.4, 39.2)]
+    assert overhead.targets("gpt2", "cuda", rows)[-1] == (
+        "gpt2 noise: the control read 1.030x synchronised per step, 0.950x free-running "
+        "(its own plain optimizer: ideally 1.000x)")
+    assert overhead.targets("cnn", "cpu", rows)[-1] == (
+        "cnn noise: the control read 1.030x per step (its own plain optimizer: ideally 1.000x)")
+    # No control, no line; and none where no target is set.
+    assert "noise" not in " ".join(overhead.targets("gpt2", "cuda", rows[:1] + rows[2:]))
+    assert overhead.targets("mlp", "cuda", rows) == []
 
 
 def test_auto_is_held_to_the_fastest_policy_on_each_clock() -> None:
@@ -143,3 +158,32 @@ def test_auto_is_held_to_the_fastest_policy_on_each_clock() -> None:
     assert overhead.targets("mlp", "cuda", rows) == []
     assert [line for line in overhead.targets("mlp", "cpu", rows) if "fastest" in line] == [
         "mlp auto, per step: 1.039x the fastest policy (bytescheduler) (target <= 1.02x) MISSED"]
+
+
+def test_each_model_is_written_as_soon_as_it_is_measured(tmp_path: pathlib.Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run cut short (a lent GPU machine's time limit) keeps the models it finished."""
+    measure = overhead.run
+    measured: list[str] = []
+
+    def stopped_after_one(candidates: list[overhead.Candidate], work: overhead.Workload,
+                          *args: object, **kwargs: object) -> None:
+        if measured:
+            raise TimeoutError("the time limit")
+        measured.append(work.name)
+        measure(candidates, work, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(overhead, "run", stopped_after_one)
+    out = tmp_path / "report"
+    try:
+        with pytest.raises(TimeoutError):
+            overhead.main(["--models", "mlp,cnn", "--policies", "horovod", "--rounds", "1",
+                           "--warmup", "1", "--steps", "1", "--round-ms", "1",
+                           "--out", str(out)])
+    finally:
+        commsched.shutdown()
+    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert measured == ["mlp"]
+    assert [result["model"] for result in written["results"]] == ["mlp"]
+    assert "## mlp" in (out / "README.md").read_text(encoding="utf-8")
+    assert (out / "results.png").stat().st_size > 0
