@@ -145,7 +145,8 @@ def steps_per_round(plain: Candidate, work: Workload, device: torch.device, auto
 # update deferred into that forward pass (the overlap policies) runs where the device would
 # have waited for the host. Plain and synchronous optimizers cannot hide their update there;
 # on GPT-2 124M the overlap policies measured 3-4% below the plain optimizer this way in the
-# first runs (H100 and H200), but not in every later one (Note [A target within the noise]).
+# first runs (H100 and H200), but not in every later one (Note [A target within the noise] in
+# overhead_report.py).
 # A loop that reads its loss only now and then keeps the queue full instead. The
 # free-running clock times that loop: no synchronisation inside a round, a CUDA event recorded
 # after each step, and a step's time is the device time between two events (which includes
@@ -154,15 +155,6 @@ def steps_per_round(plain: Candidate, work: Workload, device: torch.device, auto
 # for the stream to empty (torch's blocking copy synchronises), which would drain the queue
 # every step again. A user's loop keeps its queue full the same way: a DataLoader with
 # pin_memory=True and .to(device, non_blocking=True).
-# Note [A target within the noise]
-# Item 4's world-of-one target holds `auto` within 2% of the fastest policy. On a lent H100,
-# GPT-2 124M's steps (40-50 ms) are largely the host's Python, and its speed moves by more
-# than that: in four runs of 10-20 rounds (benchmarks/gpu/README.md) the control read
-# 0.953-1.030x the plain optimizer, the fastest policy was bytescheduler twice, then prophet (or
-# mgwfbp on the free-running clock), then dear, and the smallest of several best-of-rounds
-# figures is itself biased low by that noise. So the report prints the control's reading
-# beside the targets (overhead_report.noise): a figure closer to its limit than the control is
-# to 1.000 does not tell commsched from the machine, on whichever side of the limit it falls.
 def _free_running_times(cand: Candidate, work: Workload, device: torch.device, first: int,
                         steps: int, autocast: bool) -> list[float]:
     """Seconds per step of `steps` steps run without a synchronisation between them (on a
