@@ -12,6 +12,9 @@
 # it), else python3 (the GPU machines' image: a CUDA torch, pytest, transformers, no registry),
 # whose build goes in place (commsched/_C*.so, git-ignored) since setup.sh would need a registry.
 # $GPU_CHECK_COMMIT names the commit in the report where the copy has no .git (the device tool).
+# $GPU_CHECK_MODELS (say, gpt2) limits the benchmark to those models: on GPT-2, 20 rounds on
+# both clocks took about 1.5 s per candidate and round (benchmarks/gpu/README.md), and each
+# further model adds its own rounds to a lent machine's 15 minutes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -48,7 +51,7 @@ set +e
 # report (the first run, 2026-11-26, lost it that way). Each part has its own limit.
 timeout "${GPU_CHECK_BENCH_S:-300}" env OVERHEAD_COMMAND="scripts/gpu_check.sh" \
   "$PY" -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
-  --out "$OUT/overhead" 2>&1 \
+  ${GPU_CHECK_MODELS:+--models "$GPU_CHECK_MODELS"} --out "$OUT/overhead" 2>&1 \
   | tee "$OUT/overhead.log"
 BENCH_RC=${PIPESTATUS[0]}
 set -e
