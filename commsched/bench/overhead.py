@@ -49,6 +49,10 @@ class Candidate:
     optimizer: torch.optim.Optimizer
     medians: list[float] = field(default_factory=list)  # seconds, one per round
     free_medians: list[float] = field(default_factory=list)  # --free-running: one per round
+    # Every timed step's seconds, per round (results.json keeps them, so that a run on a lent
+    # machine can be read again with other statistics without running it again).
+    steps_s: list[list[float]] = field(default_factory=list)
+    free_steps_s: list[list[float]] = field(default_factory=list)
     faults: list[float] = field(default_factory=list)  # minor page faults per step, per round
 
 
@@ -215,13 +219,18 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
                 _sync(device)
                 ends.append(time.perf_counter())
             cand.faults.append((page_faults() - faults) / steps)
-            cand.medians.append(statistics.median(b - a for a, b in zip(ends, ends[1:],
-                                                                         strict=False)))
+            cand.steps_s.append([b - a for a, b in zip(ends, ends[1:], strict=False)])
+            cand.medians.append(statistics.median(cand.steps_s[-1]))
             if free_running:
-                cand.free_medians.append(statistics.median(_free_running_times(
-                    cand, work, device, counter + 1, steps, autocast)))
+                cand.free_steps_s.append(_free_running_times(cand, work, device, counter + 1,
+                                                             steps, autocast))
+                cand.free_medians.append(statistics.median(cand.free_steps_s[-1]))
                 counter += steps
             getattr(cand.optimizer, "flush", lambda: None)()
+
+
+def _milliseconds(rounds: list[list[float]]) -> list[list[float]]:
+    return [[round(1e3 * step, 4) for step in steps] for steps in rounds]
 
 
 def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
@@ -235,6 +244,7 @@ def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
         auto = getattr(opt, "auto", None)
         row = {"candidate": cand.name, "best_median_ms": 1e3 * best,
                "round_medians_ms": [1e3 * m for m in cand.medians],
+               "round_steps_ms": _milliseconds(cand.steps_s),
                "vs_plain": best / plain,
                "page_faults_per_step": statistics.median(cand.faults),
                "plan": plan.policy if plan is not None else None,
@@ -244,6 +254,7 @@ def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
             free_best = min(cand.free_medians)
             row["free_best_median_ms"] = 1e3 * free_best
             row["free_round_medians_ms"] = [1e3 * m for m in cand.free_medians]
+            row["free_round_steps_ms"] = _milliseconds(cand.free_steps_s)
             row["free_vs_plain"] = free_best / free_plain
         rows.append(row)
     return rows

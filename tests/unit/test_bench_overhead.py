@@ -117,6 +117,13 @@ def test_free_running_rounds_time_the_same_steps_again(tmp_path: pathlib.Path) -
     assert len(made) == 2 + 2 * 2 * (1 + 3 + 3)
     rows = overhead.rows_of([plain, slower])
     assert 1.5 < rows[1]["free_vs_plain"] < 4.5, rows[1]  # 6 ms against 2 ms of sleep
+    # Every timed step is kept, per round and clock, and its round's median is the one listed.
+    for clock in ("round", "free_round"):
+        steps = rows[1][f"{clock}_steps_ms"]
+        assert [len(round_steps) for round_steps in steps] == [3, 3]
+        assert all(step >= 6.0 for round_steps in steps for step in round_steps)
+        assert [sorted(r)[1] for r in steps] == pytest.approx(rows[1][f"{clock}_medians_ms"],
+                                                               abs=1e-3)
     table = overhead.markdown([{"model": "slow", "steps": 3, "rows": rows, "targets": []}],
                               {"device": "cpu", "command": "x", "torch": "t",
                                "optimizer": "sgd", "rounds": 2, "steps": 3, "round_ms": 1.0,
