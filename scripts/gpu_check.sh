@@ -88,7 +88,11 @@ report = [
     f"`{summary}` (exit code {tests_rc}; full log: tests.log, junit.xml)", "",
     "## Overhead benchmark, GPU part", "",
     (f"See overhead/README.md (exit code {bench_rc}; log: overhead.log)." if bench_rc == 0
-     else f"FAILED with exit code {bench_rc}: see overhead.log."), "",
+     else f"FAILED with exit code {bench_rc}"
+     + (" (cut short by $GPU_CHECK_BENCH_S)" if bench_rc == 124 else "") + ": see overhead.log"
+     + ("; overhead/README.md has the models that finished."
+        if os.path.exists(os.path.join(out, "overhead", "README.md")) else ".")),
+    "",
 ]
 with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as handle:
     handle.write("\n".join(report))

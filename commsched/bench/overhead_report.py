@@ -60,7 +60,7 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
 
 # Note [A target within the noise]
 # Item 4's world-of-one target holds `auto` within 2% of the fastest policy. On a lent H100,
-# GPT-2 124M's steps (40-60 ms) are largely the host's Python, and its speed moves by more
+# GPT-2 124M's steps (38-70 ms) are largely the host's Python, and its speed moves by more
 # than that: in four runs of 10-20 rounds (benchmarks/gpu/README.md) the control read
 # 0.953-1.030x the plain optimizer, the fastest policy was bytescheduler twice, then prophet (or
 # mgwfbp on the free-running clock), then dear, and the smallest of several best-of-rounds
@@ -131,15 +131,19 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
         rows = result["rows"]
         places = list(range(len(rows)))
         ratios = [r["vs_plain"] for r in rows]
+        # Bars from 1.0 on a narrow axis: the differences are of a few percent, and from 0 they
+        # would not show (nor would a bar's length be its ratio on an axis cut short of 0).
         if rows and "free_vs_plain" in rows[0]:
-            ax.barh([p - 0.2 for p in places], ratios, height=0.4, label="synchronised per step")
-            ax.barh([p + 0.2 for p in places], [r["free_vs_plain"] for r in rows], height=0.4,
+            free = [r["free_vs_plain"] for r in rows]
+            ax.barh([p - 0.2 for p in places], [x - 1.0 for x in ratios], left=1.0, height=0.4,
+                    label="synchronised per step")
+            ax.barh([p + 0.2 for p in places], [x - 1.0 for x in free], left=1.0, height=0.4,
                     label="free-running")
-            ratios += [r["free_vs_plain"] for r in rows]
+            ratios += free
             ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
         else:
-            ax.barh(places, ratios)
-        if ratios:  # the differences are of a few percent: from 0 they would not show
+            ax.barh(places, [x - 1.0 for x in ratios], left=1.0)
+        if ratios:
             ax.set_xlim(min(0.95, min(ratios) - 0.02), max(1.05, max(ratios) + 0.02))
         ax.set_yticks(places, [r["candidate"] for r in rows])
         ax.axvline(1.0, color="black", linewidth=0.8)
