@@ -47,13 +47,20 @@ class Candidate:
     name: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    medians: list[float] = field(default_factory=list)  # seconds, one per round
-    free_medians: list[float] = field(default_factory=list)  # --free-running: one per round
     # Every timed step's seconds, per round (results.json keeps them, so that a run on a lent
     # machine can be read again with other statistics without running it again).
     steps_s: list[list[float]] = field(default_factory=list)
-    free_steps_s: list[list[float]] = field(default_factory=list)
+    free_steps_s: list[list[float]] = field(default_factory=list)  # --free-running
     faults: list[float] = field(default_factory=list)  # minor page faults per step, per round
+
+    @property
+    def medians(self) -> list[float]:
+        """Seconds, one per round."""
+        return [statistics.median(steps) for steps in self.steps_s]
+
+    @property
+    def free_medians(self) -> list[float]:
+        return [statistics.median(steps) for steps in self.free_steps_s]
 
 
 def builtin(name: ModelName, device: torch.device, batch_size: int) -> Workload:
@@ -220,11 +227,9 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
                 ends.append(time.perf_counter())
             cand.faults.append((page_faults() - faults) / steps)
             cand.steps_s.append([b - a for a, b in zip(ends, ends[1:], strict=False)])
-            cand.medians.append(statistics.median(cand.steps_s[-1]))
             if free_running:
                 cand.free_steps_s.append(_free_running_times(cand, work, device, counter + 1,
                                                              steps, autocast))
-                cand.free_medians.append(statistics.median(cand.free_steps_s[-1]))
                 counter += steps
             getattr(cand.optimizer, "flush", lambda: None)()
 
@@ -235,15 +240,16 @@ def _milliseconds(rounds: list[list[float]]) -> list[list[float]]:
 
 def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
     plain = min(candidates[0].medians)
-    free_plain = min(candidates[0].free_medians) if candidates[0].free_medians else None
+    free_plain = min(candidates[0].free_medians) if candidates[0].free_steps_s else None
     rows = []
     for cand in candidates:
-        best = min(cand.medians)
+        medians, free_medians = cand.medians, cand.free_medians
+        best = min(medians)
         opt = cand.optimizer
         plan = getattr(opt, "plan", None)
         auto = getattr(opt, "auto", None)
         row = {"candidate": cand.name, "best_median_ms": 1e3 * best,
-               "round_medians_ms": [1e3 * m for m in cand.medians],
+               "round_medians_ms": [1e3 * m for m in medians],
                "round_steps_ms": _milliseconds(cand.steps_s),
                "vs_plain": best / plain,
                "page_faults_per_step": statistics.median(cand.faults),
@@ -251,9 +257,9 @@ def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
                "update_groups": len(plan.update_groups) if plan is not None else None,
                "auto_chose": auto.summary()["policy"] if auto is not None else None}
         if free_plain is not None:
-            free_best = min(cand.free_medians)
+            free_best = min(free_medians)
             row["free_best_median_ms"] = 1e3 * free_best
-            row["free_round_medians_ms"] = [1e3 * m for m in cand.free_medians]
+            row["free_round_medians_ms"] = [1e3 * m for m in free_medians]
             row["free_round_steps_ms"] = _milliseconds(cand.free_steps_s)
             row["free_vs_plain"] = free_best / free_plain
         rows.append(row)
