@@ -288,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time each round without a synchronisation per step (CUDA "
                              "events; on a CPU the same as the default clock)")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
+    parser.add_argument("--render", default="", metavar="DIR",
+                        help="measure nothing: check the targets of DIR/results.json again and "
+                             "write its README.md and plot (a report of an earlier run, or of "
+                             "another machine's, read by this code)")
     args = parser.parse_args(argv)
+    if args.render:
+        return render(args.render)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("overhead: --device cuda, but torch.cuda.is_available() is false here (torch "
               f"{torch.__version__}): no GPU part to run", file=sys.stderr)
@@ -346,6 +352,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # after each model: a run cut short by a time limit keeps what it measured
             write_report(args.out, results, meta)
     commsched.shutdown()
+    return 0
+
+
+def render(out: str) -> int:
+    """Renders a report again from its results.json, with this code's targets."""
+    path = os.path.join(out, "results.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            report = json.load(handle)
+    except (OSError, ValueError) as err:
+        print(f"overhead: --render {out}: cannot read {path}: {err}", file=sys.stderr)
+        return 2
+    meta, results = report["meta"], report["results"]
+    for result in results:
+        result["targets"] = targets(result["model"], meta["device"], result["rows"])
+    write_report(out, results, meta)
+    print(markdown(results, meta), flush=True)
     return 0
 
 
