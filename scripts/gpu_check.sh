@@ -14,7 +14,10 @@
 # $GPU_CHECK_COMMIT names the commit in the report where the copy has no .git (the device tool).
 # $GPU_CHECK_MODELS (say, gpt2) limits the benchmark to those models: on GPT-2, 20 rounds on
 # both clocks took about 1.5 s per candidate and round (benchmarks/gpu/README.md), and each
-# further model adds its own rounds to a lent machine's 15 minutes.
+# further model adds its own rounds to a lent machine's 15 minutes. $GPU_CHECK_POLICIES (say,
+# horovod,dear,auto) limits the candidates beside the two plain optimizers the same way: fewer
+# candidates buy more rounds, and more rounds narrow the range each verdict prints (Note [How far
+# the rounds can tell] in commsched/bench/overhead_report.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -51,7 +54,8 @@ set +e
 # report (the first run, 2026-11-26, lost it that way). Each part has its own limit.
 timeout "${GPU_CHECK_BENCH_S:-300}" env OVERHEAD_COMMAND="scripts/gpu_check.sh" \
   "$PY" -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
-  ${GPU_CHECK_MODELS:+--models "$GPU_CHECK_MODELS"} --out "$OUT/overhead" 2>&1 \
+  ${GPU_CHECK_MODELS:+--models "$GPU_CHECK_MODELS"} \
+  ${GPU_CHECK_POLICIES:+--policies "$GPU_CHECK_POLICIES"} --out "$OUT/overhead" 2>&1 \
   | tee "$OUT/overhead.log"
 BENCH_RC=${PIPESTATUS[0]}
 set -e
