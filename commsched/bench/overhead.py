@@ -289,11 +289,13 @@ def main(argv: list[str] | None = None) -> int:
                              "events; on a CPU the same as the default clock)")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     parser.add_argument("--render", default="", metavar="DIR",
-                        help="measure nothing: check the targets of DIR/results.json again and "
-                             "write its README.md and plot (a report of an earlier run, or of "
-                             "another machine's, read by this code)")
+                        help="measure nothing: check the targets of DIR/results.json again, "
+                             "rewrite them there and write its README.md and plot (a report of "
+                             "an earlier run, or of another machine's, read by this code)")
     args = parser.parse_args(argv)
     if args.render:
+        if args.out:
+            parser.error("--render DIR writes its report into DIR: --out has no place beside it")
         return render(args.render)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("overhead: --device cuda, but torch.cuda.is_available() is false here (torch "
@@ -361,12 +363,13 @@ def render(out: str) -> int:
     try:
         with open(path, encoding="utf-8") as handle:
             report = json.load(handle)
-    except (OSError, ValueError) as err:
-        print(f"overhead: --render {out}: cannot read {path}: {err}", file=sys.stderr)
+        meta, results = report["meta"], report["results"]
+        for result in results:
+            result["targets"] = targets(result["model"], meta["device"], result["rows"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"overhead: --render {out}: {path} is no overhead report ({type(err).__name__}: "
+              f"{err})", file=sys.stderr)
         return 2
-    meta, results = report["meta"], report["results"]
-    for result in results:
-        result["targets"] = targets(result["model"], meta["device"], result["rows"])
     write_report(out, results, meta)
     print(markdown(results, meta), flush=True)
     return 0

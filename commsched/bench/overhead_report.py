@@ -3,9 +3,10 @@ and the plot. The measuring side is commsched/bench/overhead.py."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
+
+from .resample import LEVEL, interval, resampled, round_series
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
@@ -18,53 +19,42 @@ GPT2 = "gpt2"
 ROUNDS_OF = {"best_median_ms": "round_medians_ms", "free_best_median_ms": "free_round_medians_ms"}
 
 
-# Note [How far the rounds can tell]
-# A figure is a ratio of best per-round medians, and on a noisy machine another run of as many
-# rounds reads another ratio. How far it could move is estimated from the run itself: rounds
-# are drawn again with replacement (the same draw for every candidate, since a round is a
-# stretch of the machine's time that all candidates share), the ratio is computed again, and
-# the middle 95% of 2000 draws is printed beside the verdict. A target inside that range is
-# one the run cannot tell as met or missed. The estimate errs on the narrow side: a minimum's
-# bootstrap never goes below the smallest round measured and repeats it in about 63% of draws,
-# so a run whose range straddles a target certainly did not settle it, while a range clear of
-# the target is evidence, not proof. `auto` is drawn against the policy measured fastest, fixed:
-# choosing the fastest of several noisy figures again in each draw would carry that choice's
-# bias (the smallest of six figures equal in truth still reads below each of them) into the
-# range as if it were a measurement. The draws are seeded: the same results.json renders the
-# same report.
-def resampled_range(statistic: Callable[[Sequence[int]], float], rounds: int,
-                    draws: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """The middle 95% of `statistic` over `draws` resamplings of `rounds` round indices."""
-    rng = random.Random(seed)
-    values = sorted(statistic([rng.randrange(rounds) for _ in range(rounds)])
-                    for _ in range(draws))
-    return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
-
-
-def _best_ratio(rounds: list[float], reference: list[list[float]]) -> Callable[[Sequence[int]],
-                                                                               float]:
-    """The statistic of a figure: a candidate's best round over the best round of the fastest
-    of `reference`, on the drawn rounds."""
-    def statistic(drawn: Sequence[int]) -> float:
-        return min(rounds[i] for i in drawn) / min(min(ref[i] for i in drawn)
-                                                   for ref in reference)
-    return statistic
-
-
-def verdict(ratio: float, limit: float, row: dict[str, Any], reference: list[dict[str, Any]],
-            key: str) -> str:
-    """"met" or "MISSED" by the figure itself, and where the rows keep their rounds, the range
-    resampling them gives (Note [How far the rounds can tell])."""
+# Note [The range of a best round]
+# Each verdict prints the interval its figure covers over resampled rounds (Note [Resampling
+# whole rounds] in resample.py), the figure computed in each draw as measured: a ratio of best
+# rounds, and for `auto` its best over that of the policy fastest in the draw. A minimum's
+# bootstrap never goes below the smallest round measured and repeats it in about two draws in
+# three, so on average these intervals are narrower than the spread of the figure over repeated
+# runs: one that straddles the target says the run did not settle it, and one clear of the
+# target is evidence, not proof.
+def verdict(ratio: float, limit: float, rows: list[dict[str, Any]], key: str,
+            statistic: Callable[[dict[str, float]], float]) -> str:
+    """Met or missed by the figure itself, and where the rows kept the same rounds, the interval
+    the figure covers over them resampled (Note [The range of a best round])."""
     said = "met" if ratio <= limit else "MISSED"
-    rounds_key = ROUNDS_OF[key]
-    if rounds_key not in row or any(rounds_key not in ref for ref in reference):
+    spread = resampled_interval(rows, key, statistic)
+    if spread is None:
         return said
-    rounds = row[rounds_key]
-    low, high = resampled_range(_best_ratio(rounds, [ref[rounds_key] for ref in reference]),
-                                len(rounds))
+    low, high = spread
     settled = high <= limit or low > limit
-    return (f"{said}; resampled rounds {low:.3f}-{high:.3f}x"
+    return (f"{said}; {LEVEL:.0%} of resampled rounds {low:.3f}-{high:.3f}x"
             + ("" if settled else ": the rounds cannot tell"))
+
+
+def resampled_interval(rows: list[dict[str, Any]], key: str,
+                       statistic: Callable[[dict[str, float]], float]
+                       ) -> tuple[float, float] | None:
+    """The interval `statistic` of the rows' best rounds covers over their rounds resampled, or
+    None where the rows did not keep the same rounds."""
+    series = round_series(rows, [row["candidate"] for row in rows], name_key="candidate",
+                          rounds_key=ROUNDS_OF[key])
+    if series is None:
+        return None
+    return interval(resampled(series, statistic, summary=min))
+
+
+def _ratio_of(name: str, reference: str) -> Callable[[dict[str, float]], float]:
+    return lambda best: best[name] / best[reference]
 
 
 def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock: str) -> str:
@@ -75,8 +65,11 @@ def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock
         return ""
     fastest = min(policies, key=lambda r: r[key])
     ratio = auto[key] / fastest[key]
+    names = [r["candidate"] for r in policies]
+    said = verdict(ratio, 1.02, [auto, *policies], key,
+                   lambda best: best["auto"] / min(best[name] for name in names))
     return (f"{model} auto, {clock}: {ratio:.3f}x the fastest policy ({fastest['candidate']}) "
-            f"(target <= 1.02x) {verdict(ratio, 1.02, auto, [fastest], key)}")
+            f"(target <= 1.02x) {said}")
 
 
 def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
@@ -92,7 +85,8 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
             limit = 1.03 if row["candidate"] in SYNCHRONOUS else 1.05
         else:
             continue
-        said = verdict(row["vs_plain"], limit, row, rows[:1], "best_median_ms")
+        said = verdict(row["vs_plain"], limit, [rows[0], row], "best_median_ms",
+                       _ratio_of(row["candidate"], rows[0]["candidate"]))
         out.append(f"{model} {row['candidate']}: {row['vs_plain']:.3f}x (target <= {limit:.2f}x) "
                    f"{said}")
     # Item 4 where item 3 sets targets: the GPU's built-in models are launch-bound, and there
@@ -106,7 +100,7 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
         clocks.append(("free_best_median_ms", "free_vs_plain", "free-running"))
     for key, _, clock in clocks:
         out.append(auto_against_fastest(model, rows, key, clock))
-    out.append(noise(model, rows, [(ratio, clock) for _, ratio, clock in clocks]))
+    out.append(noise(model, rows, clocks))
     return [line for line in out if line]
 
 
@@ -119,15 +113,28 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
 # figures is itself biased low by that noise. So the report prints the control's reading
 # beside the targets (noise() below): a figure closer to its limit than the control is
 # to 1.000 does not tell commsched from the machine, on whichever side of the limit it falls.
-def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str]]) -> str:
-    """What the control read against the plain optimizer on each clock (Note [A target within
-    the noise])."""
+# The control's own interval over resampled rounds shows how far Note [The range of a best
+# round] can be trusted on that machine: there the control's reading was clear of 1.000 in
+# more than one run (1.002-1.045x in one), so two identical candidates can differ by more than
+# the noise between rounds, and a verdict's interval clear of its target by less than the
+# control's offset from 1.000 settles nothing either.
+def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, str]]) -> str:
+    """What the control read against the plain optimizer on each clock, and the interval that
+    reading covers over the rounds resampled (Note [A target within the noise])."""
     control = next((r for r in rows if r["candidate"] == CONTROL), None)
     if control is None:
         return ""
-    readings = ", ".join(f"{control[ratio]:.3f}x {clock}" for ratio, clock in clocks
-                         if ratio in control)
-    return f"{model} noise: the control read {readings} (its own plain optimizer: ideally 1.000x)"
+    readings = []
+    for key, ratio, clock in clocks:
+        if ratio not in control:
+            continue
+        spread = resampled_interval([rows[0], control], key,
+                                    _ratio_of(CONTROL, rows[0]["candidate"]))
+        readings.append(f"{control[ratio]:.3f}x {clock}" + (
+            "" if spread is None else f" ({LEVEL:.0%} of resampled rounds "
+                                      f"{spread[0]:.3f}-{spread[1]:.3f}x)"))
+    return (f"{model} noise: the control, a second plain optimizer (ideally 1.000x), read "
+            + ", ".join(readings))
 
 
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -139,7 +146,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              f"`torch.set_num_threads({meta['threads']})`; rounds interleaved, a new order "
              "every round; figure: each candidate's best per-round median; ratio "
              f"over the plain optimizer's. `{CONTROL}` is a second plain optimizer on its own "
-             "copy of the model: its distance from 1.000 is the noise of the table.", "",
+             "copy of the model: its distance from 1.000 is the noise of the table. Each verdict "
+             f"gives the interval its figure covers in {LEVEL:.0%} of draws of the rounds with "
+             "replacement (Note [The range of a best round] in "
+             "commsched/bench/overhead_report.py).", "",
              f"Allocator: {meta['allocator']}; all candidates share one "
              "process, and so one heap (Note [Page faults are the heap's, not the candidate's] "
              "in commsched/bench/allocator.py). Page faults per step: the median over rounds.",
