@@ -137,10 +137,18 @@ def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, s
             + ", ".join(readings))
 
 
+def _builds(meta: dict[str, Any]) -> str:
+    """Where the candidates were built more than once (Note [Builds of the candidates] in
+    overhead.py), how often."""
+    count = meta.get("instances", 1)
+    return "" if count == 1 else f"{count} builds of every candidate, each run for "
+
+
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Overhead in a world of one ({meta['device']})", "",
              f"Command: `{meta['command']}`", "",
-             f"torch {meta['torch']}, {meta['optimizer']}, {meta['rounds']} rounds of at least "
+             f"torch {meta['torch']}, {meta['optimizer']}, {_builds(meta)}"
+             f"{meta['rounds']} rounds of at least "
              f"{meta['steps']} steps and {meta['round_ms']:g} ms of the plain optimizer (steps "
              f"per round under each model) after {meta['warmup']} warm-up steps, "
              f"`torch.set_num_threads({meta['threads']})`; rounds interleaved, a new order "

@@ -3,6 +3,7 @@ page faults it records, and the allocator setting it runs under."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import subprocess
@@ -197,3 +198,35 @@ def test_each_model_is_written_as_soon_as_it_is_measured(tmp_path: pathlib.Path,
     assert [result["model"] for result in written["results"]] == ["mlp"]
     assert "## mlp" in (out / "README.md").read_text(encoding="utf-8")
     assert (out / "results.png").stat().st_size > 0
+
+
+def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_model() -> None:
+    """Note [Builds of the candidates]: `--instances 3` builds every candidate three times."""
+    built: list[_Slow] = []
+
+    def make_model() -> nn.Module:
+        built.append(_Slow(0.0))
+        return built[-1]
+
+    work = overhead.Workload("slow", make_model, lambda step: (torch.ones(2), None),
+                             lambda out, _: out.sum())
+    args = argparse.Namespace(policies="horovod", optimizer="sgd", round_ms=1e-6,
+                              steps=2, warmup=1, rounds=2, free_running=False,
+                              instances=3)
+    try:
+        steps, rows = overhead.measure_builds(work, torch.device("cpu"), args, autocast=False)
+    finally:
+        commsched.shutdown()
+    assert steps == 2
+    # Plain, control and horovod, each built anew three times.
+    assert len(built) == 3 * 3 and len({id(model) for model in built}) == 9
+    assert [row["candidate"] for row in rows] == ["plain", overhead.CONTROL, "horovod"]
+    for row in rows:
+        assert len(row["round_medians_ms"]) == 3 * 2 and len(row["round_steps_ms"]) == 6
+        assert row["best_median_ms"] == min(row["round_medians_ms"])
+    assert rows[2]["plan"] == "horovod"  # the last build's wrapper, read before it is closed
+
+
+def test_instances_below_one_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        overhead.main(["--instances", "0"])
