@@ -74,10 +74,19 @@ class Knob:
             return "one of " + ", ".join(self.choices)
         bounds = []
         if self.minimum is not None:
-            bounds.append(("> " if self.exclusive_minimum else ">= ") + _fmt(self.minimum))
+            bounds.append(("> " if self.exclusive_minimum else ">= ") + self._bound(self.minimum))
         if self.maximum is not None:
-            bounds.append("<= " + _fmt(self.maximum))
+            bounds.append("<= " + self._bound(self.maximum))
         return self.kind.value + (" " + " and ".join(bounds) if bounds else "")
+
+    def _bound(self, value: float) -> str:
+        """A byte size's bound in the largest unit the parser takes that divides it (1024GiB,
+        not 1099511627776)."""
+        if self.kind is Kind.BYTES and value > 0:
+            for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+                if value % size == 0:
+                    return f"{int(value // size)}{unit}"
+        return _fmt(value)
 
 
 def _fmt(x: float) -> str:

@@ -165,7 +165,7 @@ class EngineHandle:
         try:
             self._engine.wait_all(self.timeout_ms)
         except RuntimeError as err:
-            raise self._failure(err) from err
+            raise self._failure(err) from None  # its text is the cause's, without the C++ frames
         self.rounds += 1
         if self.sampling:
             engine = self._engine
@@ -182,7 +182,7 @@ class EngineHandle:
         try:
             self._engine.wait_block(position, self.timeout_ms)
         except RuntimeError as err:
-            raise self._failure(err) from err
+            raise self._failure(err) from None  # its text is the cause's, without the C++ frames
         if self.timeline:
             self.span("wait", started, what=f"block at position {position}")
 
@@ -195,7 +195,7 @@ class EngineHandle:
         try:
             self._engine.release(position)
         except RuntimeError as err:
-            raise self._failure(err) from err
+            raise self._failure(err) from None  # its text is the cause's, without the C++ frames
 
     def set_credit(self, nbytes: int) -> None:
         self._engine.set_credit(nbytes)

@@ -102,7 +102,9 @@ class Liveness:
         return state
 
     def _loop(self) -> None:
-        while not self._stop.wait(INTERVAL):
+        # The first beat at once: a rank that fails within its first interval is then reported
+        # as silent since that beat (or as left), not as one that never sent a heartbeat.
+        while True:
             self._beat += 1
             try:
                 state = json.dumps(self._state())
@@ -112,6 +114,8 @@ class Liveness:
                     self._inspect()
             except Exception as err:  # a gone store must not kill training
                 log.debug("commsched liveness: %s", err)
+            if self._stop.wait(INTERVAL):
+                return
 
     def _read_all(self) -> dict[int, dict | None]:
         keys = [self._prefix + str(r) for r in range(self.size)]
@@ -164,10 +168,15 @@ class Liveness:
         self._warned.update(c.key for c in diagnosis.culprits)
         message = "\n".join(
             [f"commsched stall: a rank has waited {waited:.0f} s (COMMSCHED_STALL_WARNING="
-             f"{self.stall_warning:g}); ranks behind, and gradients ready on some ranks and "
-             "missing on others:"] + [f"  {c.line}" for c in diagnosis.culprits])
-        warnings.warn(message, StallWarning, stacklevel=1)
-        log.warning(message)
+             f"{self.stall_warning:g}); the ranks holding it up:"]
+            + [f"  {c.line}" for c in diagnosis.culprits])
+        # Note [One stall warning on the screen]: this thread has no caller to point at, so the
+        # warning names commsched rather than this line's source (warn() would print it); and
+        # the log gets its copy only where logging is set up, since otherwise Python's last-
+        # resort handler prints the same text to stderr a second time.
+        warnings.warn_explicit(message, StallWarning, "commsched", 0)
+        if log.hasHandlers():
+            log.warning(message)
 
     def stop(self) -> None:
         self._stop.set()

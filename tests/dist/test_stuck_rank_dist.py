@@ -13,6 +13,8 @@ The heartbeats keep beating all along: only the diagnosis can tell what rank 1 i
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -250,3 +252,34 @@ def test_stall_warning_default_follows_the_timeout(environ: dict, expected: floa
     config = load_config(environ=environ)
     assert config.stall_warning == expected
     assert load_config({"timeout": 10}, environ={}).stall_warning == 2.0
+
+
+_INSPECT_ONCE = """
+import logging, sys
+from commsched.world.liveness import Liveness
+me = {"beat": 5, "engines": {"0": {"iteration": 4, "round": 4, "label": "gradients",
+      "waiting_s": 5.0, "not_ready": []}}, "left": False, "phase": "step", "phase_s": 5.0,
+      "phase_iteration": 4}
+stuck = {"beat": 9, "engines": {"0": {"iteration": 4, "round": 4, "label": "gradients",
+         "waiting_s": None, "not_ready": ["w"]}}, "left": False, "phase": "forward",
+         "phase_s": 7.0, "phase_iteration": 4}
+inspector = Liveness.__new__(Liveness)  # the stall inspector alone: no store, no thread
+inspector.rank, inspector.size, inspector.stall_warning, inspector._warned = 0, 2, 1.0, set()
+inspector._read_all = lambda: {0: me, 1: stuck}
+inspector._state = lambda: me
+if sys.argv[1] == "logging":
+    logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+inspector._inspect()
+"""
+
+
+@pytest.mark.parametrize("setup", ["bare", "logging"])
+def test_a_stall_is_told_once_where_logging_is_not_set_up(setup: str) -> None:
+    """Note [One stall warning on the screen]: the warning, once, naming commsched rather than
+    a line of its source; and the log's copy too where the program set logging up."""
+    out = subprocess.run([sys.executable, "-c", _INSPECT_ONCE, setup], capture_output=True,
+                         text=True, timeout=120, check=True).stderr
+    assert out.count("rank 1: stuck in forward of iteration 4") == (1 if setup == "bare" else 2)
+    assert out.startswith("commsched:0: StallWarning: commsched stall: a rank has waited 5 s "
+                          "(COMMSCHED_STALL_WARNING=1); the ranks holding it up:"), out
+    assert "warnings.warn" not in out and ("LOG commsched stall" in out) == (setup == "logging")

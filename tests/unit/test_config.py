@@ -85,3 +85,21 @@ def test_readme_documents_every_knob(repo_root) -> None:
     readme = (repo_root / "README.md").read_text()
     for knob in KNOBS:
         assert f"`{knob.env}`" in readme, f"{knob.env} missing from the README knobs table"
+
+
+def test_readme_gives_every_knobs_bounds(repo_root) -> None:
+    """The table's "allowed" cell names each knob's largest value too (a user's 20000 profile
+    steps must not be a surprise), in the form the error message prints it."""
+    cells = {row.split("|")[1].strip(): row.split("|")[3]
+             for row in (repo_root / "README.md").read_text().splitlines()
+             if row.startswith("| `COMMSCHED_")}
+    for knob in KNOBS:
+        if knob.maximum is not None:
+            bound = knob._bound(knob.maximum)
+            assert bound in cells[f"`{knob.env}`"], f"{knob.env}: README lacks its bound {bound}"
+
+
+def test_a_byte_sizes_bound_is_printed_in_a_unit_it_can_be_given_in() -> None:
+    with pytest.raises(ConfigError, match=r"<= 1024GiB"):
+        load_config({"credit_bytes": "2048GiB"}, environ={})
+    assert load_config({"credit_bytes": "1024GiB"}, environ={}).credit_bytes == 1 << 40
