@@ -266,6 +266,10 @@ def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
     return rows
 
 
+# A candidate's timed steps per round on each clock, and its page faults per round.
+Timings = tuple[list[list[float]], list[list[float]], list[float]]
+
+
 # Note [Builds of the candidates]
 # Two plain optimizers, each on its own copy of one model, measured side by side for a whole
 # run, settled apart by 1.5-3% on a lent H100 (and by up to 1.5% here): each copy's
@@ -277,26 +281,38 @@ def rows_of(candidates: list[Candidate]) -> list[dict[str, Any]]:
 def measure_builds(work: Workload, device: torch.device, args: argparse.Namespace,
                    autocast: bool) -> tuple[int, list[dict[str, Any]]]:
     """Steps per round, and the rows of every candidate over `args.instances` builds."""
-    policies = [p for p in args.policies.split(",") if p]
-    kept: list[Candidate] = []
+    # The earlier builds' timings, per candidate: their models are gone before the next build
+    # (on a GPU two builds of nine GPT-2 candidates and their optimizer states would not fit).
+    earlier: list[Timings] = []
     steps = 0
-    for build_index in range(args.instances):
-        candidates = make_candidates(work, args.optimizer, policies)
-        if build_index == 0:
-            steps = steps_per_round(candidates[0], work, device, autocast,
-                                    args.round_ms / 1e3, args.steps)
-        run(candidates, work, device, args.warmup, args.rounds, steps, autocast,
-            free_running=args.free_running)
-        for earlier, cand in zip(kept, candidates, strict=False):
-            cand.steps_s[:0] = earlier.steps_s
-            cand.free_steps_s[:0] = earlier.free_steps_s
-            cand.faults[:0] = earlier.faults
-        if build_index < args.instances - 1:
-            _close(candidates)  # the next build's rows keep these rounds
-        kept = candidates
-    rows = rows_of(kept)
-    _close(kept)
+    for _ in range(args.instances - 1):
+        candidates, steps = _build_and_run(work, device, args, autocast, steps, earlier)
+        earlier = [(c.steps_s, c.free_steps_s, c.faults) for c in candidates]
+        _close(candidates)
+        del candidates
+    candidates, steps = _build_and_run(work, device, args, autocast, steps, earlier)
+    rows = rows_of(candidates)
+    _close(candidates)
     return steps, rows
+
+
+def _build_and_run(work: Workload, device: torch.device, args: argparse.Namespace,
+                   autocast: bool, steps: int, earlier: list[Timings]
+                   ) -> tuple[list[Candidate], int]:
+    """One build of the candidates, run for `args.rounds` rounds after the rounds of the
+    builds before it (`steps`: per round; 0 on the first build, which sets it)."""
+    candidates = make_candidates(work, args.optimizer,
+                                 [p for p in args.policies.split(",") if p])
+    if not steps:
+        steps = steps_per_round(candidates[0], work, device, autocast, args.round_ms / 1e3,
+                                args.steps)
+    run(candidates, work, device, args.warmup, args.rounds, steps, autocast,
+        free_running=args.free_running)
+    for (steps_s, free_steps_s, faults), cand in zip(earlier, candidates, strict=False):
+        cand.steps_s[:0] = steps_s
+        cand.free_steps_s[:0] = free_steps_s
+        cand.faults[:0] = faults
+    return candidates, steps
 
 
 def _close(candidates: list[Candidate]) -> None:
