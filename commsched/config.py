@@ -9,6 +9,7 @@ from, the value, and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import os
 import re
@@ -235,12 +236,21 @@ def _convert(knob: Knob, value: Any) -> Any:
     return number
 
 
+def _did_you_mean(knob: Knob, value: Any) -> str:
+    """The closest choice to a misspelt one ('bytesheduler'), if one is close."""
+    if knob.kind is not Kind.CHOICE:
+        return ""
+    close = difflib.get_close_matches(str(value).strip().lower(), knob.choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def parse_value(knob: Knob, value: Any, source: str) -> Any:
     """Converts and range-checks one value; `source` says where it came from for the error."""
     try:
         result = _convert(knob, value)
     except (ValueError, TypeError, OverflowError):
-        raise ConfigError(f"{source}={value!r} is invalid: expected {knob.allowed()}") from None
+        raise ConfigError(f"{source}={value!r} is invalid: expected {knob.allowed()}"
+                          + _did_you_mean(knob, value)) from None
     if isinstance(result, (int, float)) and not isinstance(result, bool):
         too_low = knob.minimum is not None and (
             result <= knob.minimum if knob.exclusive_minimum else result < knob.minimum)

@@ -184,7 +184,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
                     "groups": [s.group for s in self.specs],
                     "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed],
                     "process_set": self.world.members}
-        check_identical(self.world, "commsched settings", sorted(settings.items()))
+        check_identical(self.world, "DistributedOptimizer settings", sorted(settings.items()))
 
     def _make_runner(self, base_cls: type) -> OverlapRunner | None:
         policy, model = self.config.policy, self.options.model

@@ -165,7 +165,8 @@ def run_command(args: argparse.Namespace) -> int:
             assert row.result is not None
             notes.extend(row.result.notes)
         if len(policies) < len(planned_policies()) and asked is None:
-            notes.append("overlap policies skipped: the profile has no module information")
+            notes.append("overlap policies skipped: the profile has no module information "
+                         "(a run records it when it passes model= to DistributedOptimizer)")
         models[name] = rows
         summary[name] = {"compute_only_s": t1, "notes": list(dict.fromkeys(notes)),
                          "rows": [r.as_json() for r in rows]}

@@ -103,3 +103,12 @@ def test_a_byte_sizes_bound_is_printed_in_a_unit_it_can_be_given_in() -> None:
     with pytest.raises(ConfigError, match=r"<= 1024GiB"):
         load_config({"credit_bytes": "2048GiB"}, environ={})
     assert load_config({"credit_bytes": "1024GiB"}, environ={}).credit_bytes == 1 << 40
+
+
+def test_a_misspelt_choice_gets_the_closest_one_suggested() -> None:
+    with pytest.raises(ConfigError, match=r"COMMSCHED_POLICY='bytesheduler' is invalid: expected "
+                                          r"one of .* \(did you mean 'bytescheduler'\?\)$"):
+        load_config({}, environ={"COMMSCHED_POLICY": "bytesheduler"})
+    with pytest.raises(ConfigError) as nothing_close:
+        load_config({"compression": "zstd"}, environ={})
+    assert "did you mean" not in str(nothing_close.value)
