@@ -16,8 +16,10 @@
 # both clocks took about 1.5 s per candidate and round (benchmarks/gpu/README.md), and each
 # further model adds its own rounds to a lent machine's 15 minutes. $GPU_CHECK_POLICIES (say,
 # horovod,dear,auto) limits the candidates beside the two plain optimizers the same way: fewer
-# candidates buy more rounds, and more rounds narrow the range each verdict prints (Note [How far
-# the rounds can tell] in commsched/bench/overhead_report.py).
+# candidates buy more rounds, and more rounds narrow the interval each verdict prints (Note [The
+# range of a best round] in commsched/bench/overhead_report.py). $GPU_CHECK_INSTANCES (say, 4) builds
+# the candidates that many times, $ROUNDS rounds each (Note [Builds of the candidates] in
+# commsched/bench/overhead.py): on the H100 two identical plain optimizers settled 1.5-3% apart.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -55,7 +57,8 @@ set +e
 timeout "${GPU_CHECK_BENCH_S:-300}" env OVERHEAD_COMMAND="scripts/gpu_check.sh" \
   "$PY" -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
   ${GPU_CHECK_MODELS:+--models "$GPU_CHECK_MODELS"} \
-  ${GPU_CHECK_POLICIES:+--policies "$GPU_CHECK_POLICIES"} --out "$OUT/overhead" 2>&1 \
+  ${GPU_CHECK_POLICIES:+--policies "$GPU_CHECK_POLICIES"} \
+  ${GPU_CHECK_INSTANCES:+--instances "$GPU_CHECK_INSTANCES"} --out "$OUT/overhead" 2>&1 \
   | tee "$OUT/overhead.log"
 BENCH_RC=${PIPESTATUS[0]}
 set -e
