@@ -284,14 +284,18 @@ Timings = tuple[list[list[float]], list[list[float]], list[float]]
 # gain, not a settled one. The option is for a machine whose copies differ more (the H100's
 # 1.5-3%); the default stays one build.
 def measure_builds(work: Workload, device: torch.device, args: argparse.Namespace,
-                   autocast: bool) -> tuple[int, list[dict[str, Any]]]:
-    """Steps per round, and the rows of every candidate over `args.instances` builds."""
+                   autocast: bool, built: Callable[[int, list[dict[str, Any]], int], None]
+                   = lambda steps, rows, builds: None) -> tuple[int, list[dict[str, Any]]]:
+    """Steps per round, and the rows of every candidate over `args.instances` builds;
+    `built(steps, rows, builds)` hears of the rows so far after each build but the last (a
+    run cut short by a time limit then keeps the builds it finished)."""
     # The earlier builds' timings, per candidate: their models are gone before the next build
     # (on a GPU two builds of nine GPT-2 candidates and their optimizer states would not fit).
     earlier: list[Timings] = []
     steps = 0
-    for _ in range(args.instances - 1):
+    for index in range(args.instances - 1):
         candidates, steps = _build_and_run(work, device, args, autocast, steps, earlier)
+        built(steps, rows_of(candidates), index + 1)
         earlier = [(c.steps_s, c.free_steps_s, c.faults) for c in candidates]
         _close(candidates)
         del candidates
@@ -390,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": args.threads, "allocator": allocator,
             "args": vars(args)}
     commsched.init()
-    results = []
+    results: list[dict[str, Any]] = []
     for name in models:
         if name == GPT2:
             try:
@@ -403,9 +407,15 @@ def main(argv: list[str] | None = None) -> int:
             batch_size = args.batch_size or (8 if model_name is ModelName.TRANSFORMER else 16)
             work = builtin(model_name, device, batch_size)
         autocast = name == GPT2 and device.type == "cuda"
-        steps, rows = measure_builds(work, device, args, autocast)
+        def built(steps: int, rows: list[dict[str, Any]], builds: int, name: str = name) -> None:
+            if args.out:
+                write_report(args.out, results + [
+                    {"model": name, "steps": steps, "rows": rows, "builds": builds,
+                     "targets": targets(name, args.device, rows)}], meta)
+
+        steps, rows = measure_builds(work, device, args, autocast, built)
         results.append({"model": name, "steps": steps, "rows": rows,
-                        "targets": targets(name, args.device, rows)})
+                        "builds": args.instances, "targets": targets(name, args.device, rows)})
         print(markdown(results[-1:], meta), flush=True)
         if args.out:  # after each model: a run cut short by a time limit keeps what it measured
             write_report(args.out, results, meta)

@@ -164,7 +164,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              ""]
     for result in results:
         free = bool(result["rows"]) and "free_best_median_ms" in result["rows"][0]
+        builds, planned = result.get("builds", 1), meta.get("instances", 1)
         lines += [f"## {result['model']}", "", f"{result['steps']} steps per round."
+                  + (f" Only {builds} of {planned} builds of the candidates measured so far."
+                     if builds < planned else "")
                   + (" Free-running: the same number of steps after them, on batches already "
                      "on the device, timed by CUDA events without a synchronisation per step "
                      "(Note [Two clocks on a GPU] in commsched/bench/overhead.py)."

@@ -230,3 +230,31 @@ def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_mod
 def test_instances_below_one_are_refused() -> None:
     with pytest.raises(SystemExit):
         overhead.main(["--instances", "0"])
+
+
+def test_a_run_cut_short_between_builds_keeps_the_builds_it_finished(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    measure = overhead.run
+    builds: list[int] = []
+
+    def stopped_in_the_second_build(*args: object, **kwargs: object) -> None:
+        if builds:
+            assert (out / "results.json").exists()  # on disk before the next build starts
+            raise TimeoutError("the time limit")
+        builds.append(1)
+        measure(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(overhead, "run", stopped_in_the_second_build)
+    out = tmp_path / "report"
+    try:
+        with pytest.raises(TimeoutError):
+            overhead.main(["--models", "mlp", "--policies", "horovod", "--rounds", "2",
+                           "--instances", "2", "--warmup", "1", "--steps", "1",
+                           "--round-ms", "1", "--out", str(out)])
+    finally:
+        commsched.shutdown()
+    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    [mlp] = written["results"]
+    assert mlp["builds"] == 1 and len(mlp["rows"][0]["round_medians_ms"]) == 2
+    assert "Only 1 of 2 builds of the candidates measured so far." in (
+        out / "README.md").read_text(encoding="utf-8")
