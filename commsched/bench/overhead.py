@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import random
 import statistics
@@ -30,16 +29,9 @@ import commsched
 from ..outputs import OutputPathError, prepare_dir
 from .allocator import keep_freed_memory, page_faults
 from .compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
-from .models import ModelName, batch, build, loss_fn
-from .overhead_report import CONTROL, GPT2, PLAIN, POLICIES, markdown, plot, targets
-
-
-@dataclass
-class Workload:
-    name: str
-    make_model: Callable[[], nn.Module]
-    make_batch: Callable[[int], tuple[Any, Any]]
-    loss: Callable[[Any, Any], torch.Tensor]
+from .models import ModelName
+from .overhead_report import CONTROL, GPT2, PLAIN, POLICIES, markdown, render, targets, write_report
+from .overhead_workloads import Workload, builtin, gpt2
 
 
 @dataclass
@@ -61,41 +53,6 @@ class Candidate:
     @property
     def free_medians(self) -> list[float]:
         return [statistics.median(steps) for steps in self.free_steps_s]
-
-
-def builtin(name: ModelName, device: torch.device, batch_size: int) -> Workload:
-    def make_batch(step: int) -> tuple[Any, Any]:
-        x, y = batch(name, batch_size, step, rank=0)
-        return x.to(device), y.to(device)
-    return Workload(name.value, lambda: build(name).to(device), make_batch,
-                    lambda out, y: loss_fn(name, out, y))
-
-
-def gpt2(device: torch.device, batch_size: int, seq: int) -> Workload:
-    """GPT-2 124M from its configuration (random weights: nothing is downloaded)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    def make_model() -> nn.Module:
-        torch.manual_seed(0)
-        return GPT2LMHeadModel(GPT2Config()).to(device)
-
-    def make_batch(step: int) -> tuple[Any, Any]:
-        gen = torch.Generator().manual_seed(step)
-        tokens = torch.randint(0, 50257, (batch_size, seq), generator=gen).to(device)
-        return tokens, tokens
-
-    def loss(out: Any, tokens: Any) -> torch.Tensor:
-        return out.loss
-
-    class Wrapper(nn.Module):  # the LM computes its loss from labels=
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = make_model()
-
-        def forward(self, tokens: torch.Tensor) -> Any:
-            return self.lm(tokens, labels=tokens)
-
-    return Workload(GPT2, Wrapper, make_batch, loss)
 
 
 def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
@@ -421,32 +378,6 @@ def main(argv: list[str] | None = None) -> int:
             write_report(args.out, results, meta)
     commsched.shutdown()
     return 0
-
-
-def render(out: str) -> int:
-    """Renders a report again from its results.json, with this code's targets."""
-    path = os.path.join(out, "results.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            report = json.load(handle)
-        meta, results = report["meta"], report["results"]
-        for result in results:
-            result["targets"] = targets(result["model"], meta["device"], result["rows"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        print(f"overhead: --render {out}: {path} is no overhead report ({type(err).__name__}: "
-              f"{err})", file=sys.stderr)
-        return 2
-    write_report(out, results, meta)
-    print(markdown(results, meta), flush=True)
-    return 0
-
-
-def write_report(out: str, results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "results": results}, handle, indent=1)
-    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as handle:
-        handle.write(markdown(results, meta))
-    plot(results, os.path.join(out, "results.png"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ and the plot. The measuring side is commsched/bench/overhead.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -224,3 +227,29 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
         ax.set_xlabel("iteration time / plain optimizer")
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend sits below the axes
+
+
+def render(out: str) -> int:
+    """Renders a report again from its results.json, with this code's targets."""
+    path = os.path.join(out, "results.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            report = json.load(handle)
+        meta, results = report["meta"], report["results"]
+        for result in results:
+            result["targets"] = targets(result["model"], meta["device"], result["rows"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"overhead: --render {out}: {path} is no overhead report ({type(err).__name__}: "
+              f"{err})", file=sys.stderr)
+        return 2
+    write_report(out, results, meta)
+    print(markdown(results, meta), flush=True)
+    return 0
+
+
+def write_report(out: str, results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as handle:
+        json.dump({"meta": meta, "results": results}, handle, indent=1)
+    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown(results, meta))
+    plot(results, os.path.join(out, "results.png"))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import commsched
-from commsched.bench import overhead
+from commsched.bench import overhead, overhead_report
 
 
 class _Slow(nn.Module):
@@ -55,7 +55,7 @@ def test_each_round_records_its_page_faults_per_step() -> None:
     assert len(plain.faults) == 3 and all(f >= 0 for f in plain.faults)
     row = overhead.rows_of([plain])[0]
     assert row["page_faults_per_step"] == sorted(plain.faults)[1]
-    assert "| page faults per step |" in overhead.markdown(
+    assert "| page faults per step |" in overhead_report.markdown(
         [{"model": "slow", "steps": 2, "rows": [row], "targets": []}],
         {"device": "cpu", "command": "x", "torch": "t", "optimizer": "sgd", "rounds": 3,
          "steps": 2, "round_ms": 1.0, "warmup": 1, "threads": 1, "allocator": "a"})
@@ -125,12 +125,12 @@ def test_free_running_rounds_time_the_same_steps_again(tmp_path: pathlib.Path) -
         assert all(step >= 6.0 for round_steps in steps for step in round_steps)
         assert [sorted(r)[1] for r in steps] == pytest.approx(rows[1][f"{clock}_medians_ms"],
                                                                abs=1e-3)
-    table = overhead.markdown([{"model": "slow", "steps": 3, "rows": rows, "targets": []}],
+    table = overhead_report.markdown([{"model": "slow", "steps": 3, "rows": rows, "targets": []}],
                               {"device": "cpu", "command": "x", "torch": "t",
                                "optimizer": "sgd", "rounds": 2, "steps": 3, "round_ms": 1.0,
                                "warmup": 1, "threads": 1, "allocator": "a"})
     assert "| free-running ms | vs plain |" in table
-    overhead.plot([{"model": "slow", "rows": rows}], str(tmp_path / "plot.png"))
+    overhead_report.plot([{"model": "slow", "rows": rows}], str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 
@@ -142,29 +142,29 @@ def _row(name: str, ms: float, free_ms: float) -> dict[str, object]:
 def test_the_targets_print_what_the_control_read_on_each_clock() -> None:
     rows = [_row("plain", 40.0, 40.0), _row(overhead.CONTROL, 41.2, 38.0),
             _row("horovod", 40.0, 39.0), _row("auto", 40.4, 39.2)]
-    assert overhead.targets("gpt2", "cuda", rows)[-1] == (
+    assert overhead_report.targets("gpt2", "cuda", rows)[-1] == (
         "gpt2 noise: the control, a second plain optimizer (ideally 1.000x), read 1.030x "
         "synchronised per step, 0.950x free-running")
-    assert overhead.targets("cnn", "cpu", rows)[-1] == (
+    assert overhead_report.targets("cnn", "cpu", rows)[-1] == (
         "cnn noise: the control, a second plain optimizer (ideally 1.000x), read 1.030x per step")
     # No control, no line; and none where no target is set.
-    assert "noise" not in " ".join(overhead.targets("gpt2", "cuda", rows[:1] + rows[2:]))
-    assert overhead.targets("mlp", "cuda", rows) == []
+    assert "noise" not in " ".join(overhead_report.targets("gpt2", "cuda", rows[:1] + rows[2:]))
+    assert overhead_report.targets("mlp", "cuda", rows) == []
 
 
 def test_auto_is_held_to_the_fastest_policy_on_each_clock() -> None:
     rows = [_row("plain", 40.0, 40.0), _row("horovod", 40.0, 39.0),
             _row("bytescheduler", 38.0, 39.5), _row("auto", 39.5, 39.2)]
-    lines = [line for line in overhead.targets("gpt2", "cuda", rows) if "fastest" in line]
+    lines = [line for line in overhead_report.targets("gpt2", "cuda", rows) if "fastest" in line]
     assert lines == [
         "gpt2 auto, synchronised per step: 1.039x the fastest policy (bytescheduler) "
         "(target <= 1.02x) MISSED",
         "gpt2 auto, free-running: 1.005x the fastest policy (horovod) (target <= 1.02x) met"]
     # The plain optimizer is no policy: a world of one's auto is not held to it.
-    assert "fastest" not in " ".join(overhead.targets("gpt2", "cuda", rows[:1] + rows[3:]))
+    assert "fastest" not in " ".join(overhead_report.targets("gpt2", "cuda", rows[:1] + rows[3:]))
     # Nor on a model without item 3's targets (the GPU's launch-bound built-in models).
-    assert overhead.targets("mlp", "cuda", rows) == []
-    assert [line for line in overhead.targets("mlp", "cpu", rows) if "fastest" in line] == [
+    assert overhead_report.targets("mlp", "cuda", rows) == []
+    assert [line for line in overhead_report.targets("mlp", "cpu", rows) if "fastest" in line] == [
         "mlp auto, per step: 1.039x the fastest policy (bytescheduler) (target <= 1.02x) MISSED"]
 
 

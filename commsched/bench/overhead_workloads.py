@@ -1,0 +1,57 @@
+"""What the overhead benchmark trains: the built-in models, and GPT-2 124M from its
+configuration where `transformers` is importable (commsched/bench/overhead.py measures)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .models import ModelName, batch, build, loss_fn
+from .overhead_report import GPT2
+
+
+@dataclass
+class Workload:
+    name: str
+    make_model: Callable[[], nn.Module]
+    make_batch: Callable[[int], tuple[Any, Any]]
+    loss: Callable[[Any, Any], torch.Tensor]
+
+
+def builtin(name: ModelName, device: torch.device, batch_size: int) -> Workload:
+    def make_batch(step: int) -> tuple[Any, Any]:
+        x, y = batch(name, batch_size, step, rank=0)
+        return x.to(device), y.to(device)
+    return Workload(name.value, lambda: build(name).to(device), make_batch,
+                    lambda out, y: loss_fn(name, out, y))
+
+
+def gpt2(device: torch.device, batch_size: int, seq: int) -> Workload:
+    """GPT-2 124M from its configuration (random weights: nothing is downloaded)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def make_model() -> nn.Module:
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config()).to(device)
+
+    def make_batch(step: int) -> tuple[Any, Any]:
+        gen = torch.Generator().manual_seed(step)
+        tokens = torch.randint(0, 50257, (batch_size, seq), generator=gen).to(device)
+        return tokens, tokens
+
+    def loss(out: Any, tokens: Any) -> torch.Tensor:
+        return out.loss
+
+    class Wrapper(nn.Module):  # the LM computes its loss from labels=
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = make_model()
+
+        def forward(self, tokens: torch.Tensor) -> Any:
+            return self.lm(tokens, labels=tokens)
+
+    return Workload(GPT2, Wrapper, make_batch, loss)
