@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import random
 import statistics
@@ -61,16 +62,21 @@ def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
-def make_candidates(work: Workload, optimizer: str, policies: list[str]) -> list[Candidate]:
-    out = []
-    for label in [PLAIN, CONTROL, *policies]:
+def make_candidates(work: Workload, optimizer: str, policies: list[str],
+                    rotation: int = 0) -> list[Candidate]:
+    """The plain optimizer, its control and one wrapper per policy, in that order; built
+    starting `rotation` places further along it (Note [Builds of the candidates])."""
+    labels = [PLAIN, CONTROL, *policies]
+    start = rotation % len(labels)
+    built = {}
+    for label in labels[start:] + labels[:start]:
         model = work.make_model()
         opt = _optimizer(model, optimizer)
         if label not in (PLAIN, CONTROL):
             opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                  model=model, policy=label)
-        out.append(Candidate(label, model, opt))
-    return out
+        built[label] = Candidate(label, model, opt)
+    return [built[label] for label in labels]
 
 
 def _step(cand: Candidate, work: Workload, step: int, autocast: bool,
@@ -155,12 +161,14 @@ def _seconds_between(start: Any, end: Any) -> float:
 
 
 def run(candidates: list[Candidate], work: Workload, device: torch.device, warmup: int,
-        rounds: int, steps: int, autocast: bool, free_running: bool = False) -> None:
+        rounds: int, steps: int, autocast: bool, free_running: bool = False,
+        seed: int = 0) -> None:
     """Each round runs every candidate, in a shuffled order, for `steps` timed steps after one
     untimed one; a step's time is from the end of the previous step to the end of this one, so
     an update deferred to the next forward pass (overlap policies) is counted in the step that
     runs it. With `free_running`, `steps` more steps follow on the other clock (Note [Two
-    clocks on a GPU]) before the round's deferred update is flushed."""
+    clocks on a GPU]) before the round's deferred update is flushed. `seed` picks the orders
+    (each build of the candidates its own)."""
     for cand in candidates:
         for i in range(warmup):  # profiling steps, the re-plan, auto's 20-step check
             _step(cand, work, i, autocast)
@@ -168,7 +176,7 @@ def run(candidates: list[Candidate], work: Workload, device: torch.device, warmu
                            warmup)
         getattr(cand.optimizer, "flush", lambda: None)()
     counter = warmup + MAX_SETTLING_STEPS
-    order = random.Random(0)
+    order = random.Random(seed)
     for _ in range(rounds):
         # A new order each round: a slow phase of the machine must not fall on the same
         # candidates round after round.
@@ -229,17 +237,21 @@ Timings = tuple[list[list[float]], list[list[float]], list[float]]
 
 # Note [Builds of the candidates]
 # Two plain optimizers, each on its own copy of one model, measured side by side for a whole
-# run, settled apart by 1.5-3% on a lent H100 (and by up to 1.5% here): each copy's
-# memory placement is an offset that lasts as long as the copy, and resampling rounds cannot see
-# it (Note [A target within the noise] in overhead_report.py). `--instances N` builds every
+# run, settled apart by 1.5-3% on a lent H100 (and by up to 1.8% here): each copy's memory
+# placement is an offset that lasts as long as the copy, and resampling rounds cannot see it
+# (Note [A target within the noise] in overhead_report.py). `--instances N` builds every
 # candidate N times, one set after another, and runs `--rounds` rounds on each build: a
-# candidate's figure is then its best round over N copies of its model, so one copy's offset
-# no longer decides it alone. The steps per round are set once, on the first build. Here, on the
-# CNN beside horovod and dear, seven pairs of runs (`--models cnn --policies horovod,dear`,
-# `--instances 1 --rounds 24` against `--instances 4 --rounds 6`) put the control 0.79% from
-# 1.000 on average (at most 1.8%) with one build and 0.57% (at most 1.4%) with four: a small
-# gain, not a settled one. The option is for a machine whose copies differ more (the H100's
-# 1.5-3%); the default stays one build.
+# candidate's figure is then its best round over N copies of its model, the best of N
+# placements rather than whichever one it was given. Each build is made in another order
+# (rotated by one candidate) after the last one's memory is returned, so that a caching
+# allocator does not hand each candidate the blocks it had before, and runs its own sequence
+# of round orders. The steps per round are set once, on the first build. Here, on the CNN
+# beside horovod and dear, seven pairs of runs (`--models cnn --policies horovod,dear`,
+# `--instances 1 --rounds 24` against `--instances 4 --rounds 6`, on the code before the
+# rotation; benchmarks/overhead/builds_cpu/) put the control 0.72% from 1.000 on average (at
+# most 1.8%) with one build and 0.53% (at most 1.4%) with four: a small gain, not a settled one.
+# The option is for a machine whose copies differ more (the H100's 1.5-3%); the default stays
+# one build.
 def measure_builds(work: Workload, device: torch.device, args: argparse.Namespace,
                    autocast: bool, built: Callable[[int, list[dict[str, Any]], int], None]
                    = lambda steps, rows, builds: None) -> tuple[int, list[dict[str, Any]]]:
@@ -249,35 +261,44 @@ def measure_builds(work: Workload, device: torch.device, args: argparse.Namespac
     # The earlier builds' timings, per candidate: their models are gone before the next build
     # (on a GPU two builds of nine GPT-2 candidates and their optimizer states would not fit).
     earlier: list[Timings] = []
+    plans: list[list[str | None]] = []  # per build, each candidate's plan (auto: its choice)
     steps = 0
-    for index in range(args.instances - 1):
-        candidates, steps = _build_and_run(work, device, args, autocast, steps, earlier)
-        built(steps, rows_of(candidates), index + 1)
-        earlier = [(c.steps_s, c.free_steps_s, c.faults) for c in candidates]
+    for index in range(args.instances):
+        candidates, steps = _build_and_run(work, device, args, autocast, steps, earlier, index)
+        rows = rows_of(candidates)
+        plans.append([row["auto_chose"] or row["plan"] for row in rows])
         _close(candidates)
+        if index == args.instances - 1:
+            break
+        built(steps, rows, index + 1)
+        earlier = [(c.steps_s, c.free_steps_s, c.faults) for c in candidates]
         del candidates
-    candidates, steps = _build_and_run(work, device, args, autocast, steps, earlier)
-    rows = rows_of(candidates)
-    _close(candidates)
+        gc.collect()  # torch.optim's reference cycles: the models go now, not at some later GC
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.instances > 1:  # the plan columns are the last build's
+        for position, row in enumerate(rows):
+            row["plan_per_build"] = [build_plans[position] for build_plans in plans]
     return steps, rows
 
 
 def _build_and_run(work: Workload, device: torch.device, args: argparse.Namespace,
-                   autocast: bool, steps: int, earlier: list[Timings]
+                   autocast: bool, steps: int, earlier: list[Timings], index: int
                    ) -> tuple[list[Candidate], int]:
-    """One build of the candidates, run for `args.rounds` rounds after the rounds of the
+    """Build `index` of the candidates, run for `args.rounds` rounds after the rounds of the
     builds before it (`steps`: per round; 0 on the first build, which sets it)."""
     candidates = make_candidates(work, args.optimizer,
-                                 [p for p in args.policies.split(",") if p])
+                                 [p for p in args.policies.split(",") if p], rotation=index)
     if not steps:
         steps = steps_per_round(candidates[0], work, device, autocast, args.round_ms / 1e3,
                                 args.steps)
     run(candidates, work, device, args.warmup, args.rounds, steps, autocast,
-        free_running=args.free_running)
-    for (steps_s, free_steps_s, faults), cand in zip(earlier, candidates, strict=False):
-        cand.steps_s[:0] = steps_s
-        cand.free_steps_s[:0] = free_steps_s
-        cand.faults[:0] = faults
+        free_running=args.free_running, seed=index)
+    if earlier:
+        for (steps_s, free_steps_s, faults), cand in zip(earlier, candidates, strict=True):
+            cand.steps_s[:0] = steps_s
+            cand.free_steps_s[:0] = free_steps_s
+            cand.faults[:0] = faults
     return candidates, steps
 
 
@@ -321,8 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.instances < 1:
         parser.error(f"--instances {args.instances}: at least one build of the candidates")
     if args.render:
-        if args.out:
-            parser.error("--render DIR writes its report into DIR: --out has no place beside it")
+        if args.out or args.instances != 1:
+            parser.error("--render DIR measures nothing and writes its report into DIR: "
+                         "--out and --instances have no place beside it")
         return render(args.render)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("overhead: --device cuda, but torch.cuda.is_available() is false here (torch "

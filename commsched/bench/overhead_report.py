@@ -29,7 +29,9 @@ ROUNDS_OF = {"best_median_ms": "round_medians_ms", "free_best_median_ms": "free_
 # bootstrap never goes below the smallest round measured and repeats it in about two draws in
 # three, so on average these intervals are narrower than the spread of the figure over repeated
 # runs: one that straddles the target says the run did not settle it, and one clear of the
-# target is evidence, not proof.
+# target is evidence, not proof. With several builds of the candidates (Note [Builds of the
+# candidates] in overhead.py) the rounds of every build are drawn as if alike, though a build's
+# rounds share its copy's offset: the interval is narrower still there.
 def verdict(ratio: float, limit: float, rows: list[dict[str, Any]], key: str,
             statistic: Callable[[dict[str, float]], float]) -> str:
     """Met or missed by the figure itself, and where the rows kept the same rounds, the interval
@@ -248,8 +250,11 @@ def render(out: str) -> int:
 
 
 def write_report(out: str, results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as handle:
+    # Whole or not at all: a time limit's kill during the write must not leave half a file.
+    path = os.path.join(out, "results.json")
+    with open(path + ".partial", "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "results": results}, handle, indent=1)
+    os.replace(path + ".partial", path)
     with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as handle:
         handle.write(markdown(results, meta))
     plot(results, os.path.join(out, "results.png"))

@@ -109,7 +109,7 @@ class SparseExchange:
                        if liveness is not None else "")
             raise self._world.fail(f"{verdict + ': ' if verdict else ''}commsched: all-gather "
                                    f"of sparse gradient {what} failed: {without_backtrace(err)}"
-                                   ) from err
+                                   ) from None  # its text holds err's, without the C++ frames
         finally:
             activity.now = previous
 

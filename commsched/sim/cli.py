@@ -166,7 +166,7 @@ def run_command(args: argparse.Namespace) -> int:
             notes.extend(row.result.notes)
         if len(policies) < len(planned_policies()) and asked is None:
             notes.append("overlap policies skipped: the profile has no module information "
-                         "(a run records it when it passes model= to DistributedOptimizer)")
+                         "(a run records it when it passes model= under an overlap policy or auto)")
         models[name] = rows
         summary[name] = {"compute_only_s": t1, "notes": list(dict.fromkeys(notes)),
                          "rows": [r.as_json() for r in rows]}

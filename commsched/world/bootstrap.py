@@ -72,7 +72,7 @@ class World:
             if not elastic():
                 raise
             raise self.fail(f"commsched: a control message failed: {without_backtrace(err)}"
-                            ) from err
+                            ) from None  # its text holds err's, without the C++ frames
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if self.size == 1:

@@ -283,3 +283,21 @@ def test_a_stall_is_told_once_where_logging_is_not_set_up(setup: str) -> None:
     assert out.startswith("commsched:0: StallWarning: commsched stall: a rank has waited 5 s "
                           "(COMMSCHED_STALL_WARNING=1); the ranks holding it up:"), out
     assert "warnings.warn" not in out and ("LOG commsched stall" in out) == (setup == "logging")
+
+
+def test_the_first_heartbeat_goes_out_at_once() -> None:
+    """A rank that fails within its first interval has beaten once: the others read it as
+    silent since that beat, or as left, not as a rank that never sent a heartbeat."""
+    import torch.distributed as dist
+
+    from commsched.world import liveness
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    beating = liveness.Liveness("127.0.0.1", store.port, 0, 1, 0.0, lambda: [], "first/")
+    try:
+        deadline = time.monotonic() + liveness.INTERVAL / 2
+        while not store.check(["first/" + liveness.PREFIX + "0"]):
+            assert time.monotonic() < deadline, "no heartbeat within half an interval"
+            time.sleep(0.01)
+    finally:
+        beating.stop()

@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -200,14 +201,29 @@ def test_each_model_is_written_as_soon_as_it_is_measured(tmp_path: pathlib.Path,
     assert (out / "results.png").stat().st_size > 0
 
 
-def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_model() -> None:
-    """Note [Builds of the candidates]: `--instances 3` builds every candidate three times."""
-    built: list[_Slow] = []
+def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Builds of the candidates]: `--instances 3` builds every candidate three times, the
+    last build's models gone before the next is made, each build with round orders of its
+    own, and each row's rounds in the order of the builds."""
+    built: list[weakref.ref[nn.Module]] = []
 
     def make_model() -> nn.Module:
-        built.append(_Slow(0.0))
-        return built[-1]
+        build = len(built) // 3
+        if build and len(built) % 3 == 0:  # the first model of a build: the last build is gone
+            assert all(model() is None for model in built[-3:]), "a build outlived its turn"
+        model = _Slow(0.004 * build)  # each build slower than the one before
+        built.append(weakref.ref(model))
+        return model
 
+    seeds: list[int] = []
+    measure = overhead.run
+
+    def run(*args: object, seed: int = 0, **kwargs: object) -> None:
+        seeds.append(seed)
+        measure(*args, seed=seed, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(overhead, "run", run)
     work = overhead.Workload("slow", make_model, lambda step: (torch.ones(2), None),
                              lambda out, _: out.sum())
     args = argparse.Namespace(policies="horovod", optimizer="sgd", round_ms=1e-6,
@@ -217,14 +233,39 @@ def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_mod
         steps, rows = overhead.measure_builds(work, torch.device("cpu"), args, autocast=False)
     finally:
         commsched.shutdown()
-    assert steps == 2
-    # Plain, control and horovod, each built anew three times.
-    assert len(built) == 3 * 3 and len({id(model) for model in built}) == 9
+    assert steps == 2 and seeds == [0, 1, 2]
+    assert len(built) == 3 * 3  # plain, control and horovod, each built anew three times
     assert [row["candidate"] for row in rows] == ["plain", overhead.CONTROL, "horovod"]
     for row in rows:
-        assert len(row["round_medians_ms"]) == 3 * 2 and len(row["round_steps_ms"]) == 6
-        assert row["best_median_ms"] == min(row["round_medians_ms"])
-    assert rows[2]["plan"] == "horovod"  # the last build's wrapper, read before it is closed
+        medians = row["round_medians_ms"]
+        assert len(medians) == 3 * 2 and len(row["round_steps_ms"]) == 6
+        assert max(medians[:2]) < 2.0 < min(medians[2:4]) and max(medians[2:4]) < 6.0 < min(
+            medians[4:]), medians  # build 0's rounds first, then 1's (4 ms), then 2's (8 ms)
+        assert row["best_median_ms"] == min(medians)
+    assert rows[2]["plan"] == "horovod" and rows[2]["plan_per_build"] == ["horovod"] * 3
+    assert rows[0]["plan_per_build"] == [None] * 3
+
+
+def test_a_build_is_made_in_a_rotated_order_and_listed_in_the_usual_one() -> None:
+    made: list[nn.Module] = []
+
+    def make_model() -> nn.Module:
+        made.append(_Slow(0.0))
+        return made[-1]
+
+    work = overhead.Workload("slow", make_model, lambda step: (torch.ones(2), None),
+                             lambda out, _: out.sum())
+    try:
+        candidates = overhead.make_candidates(work, "sgd", ["horovod"], rotation=1)
+        for cand in candidates:
+            session = getattr(cand.optimizer, "session", None)
+            if session is not None:
+                session.close()
+    finally:
+        commsched.shutdown()
+    assert [c.name for c in candidates] == ["plain", overhead.CONTROL, "horovod"]
+    # Made control first, then horovod, then plain.
+    assert [made.index(c.model) for c in candidates] == [2, 0, 1]
 
 
 def test_instances_below_one_are_refused() -> None:
@@ -256,5 +297,7 @@ def test_a_run_cut_short_between_builds_keeps_the_builds_it_finished(
     written = json.loads((out / "results.json").read_text(encoding="utf-8"))
     [mlp] = written["results"]
     assert mlp["builds"] == 1 and len(mlp["rows"][0]["round_medians_ms"]) == 2
-    assert "Only 1 of 2 builds of the candidates measured so far." in (
-        out / "README.md").read_text(encoding="utf-8")
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    assert "Only 1 of 2 builds of the candidates measured so far." in readme
+    assert "2 builds of every candidate, each run for 2 rounds of at least 1 steps" in readme
+    assert not (out / "results.json.partial").exists()

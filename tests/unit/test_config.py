@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from commsched.config import KNOBS, ConfigError, Policy, load_config
@@ -94,9 +96,14 @@ def test_readme_gives_every_knobs_bounds(repo_root) -> None:
              for row in (repo_root / "README.md").read_text().splitlines()
              if row.startswith("| `COMMSCHED_")}
     for knob in KNOBS:
+        cell = cells[f"`{knob.env}`"]
         if knob.maximum is not None:
-            bound = knob._bound(knob.maximum)
-            assert bound in cells[f"`{knob.env}`"], f"{knob.env}: README lacks its bound {bound}"
+            bound = re.escape(knob._bound(knob.maximum))
+            # "0–604800", "≤ 1", "> 0, ≤ 604800": the bound whole, after a dash or a sign.
+            assert re.search(rf"(–|≤ ){bound}(?![\d.])", cell), (knob.env, cell)
+        if knob.minimum is not None:
+            low = re.escape(knob._bound(knob.minimum))
+            assert re.search(rf"(^|[ ≥>]){low}(?![\d.])", cell.strip()), (knob.env, cell)
 
 
 def test_a_byte_sizes_bound_is_printed_in_a_unit_it_can_be_given_in() -> None:
