@@ -221,7 +221,7 @@ def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_mod
 
     def run(*args: object, seed: int = 0, **kwargs: object) -> None:
         seeds.append(seed)
-        measure(*args, seed=seed, **kwargs)  # type: ignore[arg-type]
+        measure(*args, seed=seed, **kwargs)  # type: ignore[arg-type, misc]
 
     monkeypatch.setattr(overhead, "run", run)
     work = overhead.Workload("slow", make_model, lambda step: (torch.ones(2), None),
