@@ -169,6 +169,18 @@ def test_auto_is_held_to_the_fastest_policy_on_each_clock() -> None:
         "mlp auto, per step: 1.039x the fastest policy (bytescheduler) (target <= 1.02x) MISSED"]
 
 
+def _cut_short(out: pathlib.Path, *argv: str) -> dict:
+    """The report a run of horovod beside the plain optimizers left in `out` when the patched
+    run() stopped it with a TimeoutError (a lent machine's time limit)."""
+    try:
+        with pytest.raises(TimeoutError):
+            overhead.main([*argv, "--policies", "horovod", "--warmup", "1", "--steps", "1",
+                           "--round-ms", "1", "--out", str(out)])
+    finally:
+        commsched.shutdown()
+    return json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
 def test_each_model_is_written_as_soon_as_it_is_measured(tmp_path: pathlib.Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A run cut short (a lent GPU machine's time limit) keeps the models it finished."""
@@ -187,14 +199,7 @@ def test_each_model_is_written_as_soon_as_it_is_measured(tmp_path: pathlib.Path,
 
     monkeypatch.setattr(overhead, "run", stopped_after_one)
     out = tmp_path / "report"
-    try:
-        with pytest.raises(TimeoutError):
-            overhead.main(["--models", "mlp,cnn", "--policies", "horovod", "--rounds", "1",
-                           "--warmup", "1", "--steps", "1", "--round-ms", "1",
-                           "--out", str(out)])
-    finally:
-        commsched.shutdown()
-    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    written = _cut_short(out, "--models", "mlp,cnn", "--rounds", "1")
     assert measured == ["mlp"]
     assert [result["model"] for result in written["results"]] == ["mlp"]
     assert "## mlp" in (out / "README.md").read_text(encoding="utf-8")
@@ -287,14 +292,7 @@ def test_a_run_cut_short_between_builds_keeps_the_builds_it_finished(
 
     monkeypatch.setattr(overhead, "run", stopped_in_the_second_build)
     out = tmp_path / "report"
-    try:
-        with pytest.raises(TimeoutError):
-            overhead.main(["--models", "mlp", "--policies", "horovod", "--rounds", "2",
-                           "--instances", "2", "--warmup", "1", "--steps", "1",
-                           "--round-ms", "1", "--out", str(out)])
-    finally:
-        commsched.shutdown()
-    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    written = _cut_short(out, "--models", "mlp", "--rounds", "2", "--instances", "2")
     [mlp] = written["results"]
     assert mlp["builds"] == 1 and len(mlp["rows"][0]["round_medians_ms"]) == 2
     readme = (out / "README.md").read_text(encoding="utf-8")
