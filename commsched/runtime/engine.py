@@ -153,7 +153,9 @@ class EngineHandle:
 
     def _failure(self, err: RuntimeError) -> RankFailureError:
         """A failed engine call, as raised to the user: starting with the ranks that hold this
-        one up and how (world.liveness.diagnose: silent, left, or stuck where and how long)."""
+        one up and how (world.liveness.diagnose: silent, left, or stuck where and how long).
+        Its callers raise it `from None`: its text already holds the engine's error, which
+        chained would print a second time with c10's C++ frames."""
         liveness = getattr(self._world, "liveness", None)
         verdict = liveness.diagnose(ranks=self._world.members).text if liveness is not None else ""
         text = without_backtrace(err)
@@ -165,7 +167,7 @@ class EngineHandle:
         try:
             self._engine.wait_all(self.timeout_ms)
         except RuntimeError as err:
-            raise self._failure(err) from None  # its text is the cause's, without the C++ frames
+            raise self._failure(err) from None
         self.rounds += 1
         if self.sampling:
             engine = self._engine
@@ -182,7 +184,7 @@ class EngineHandle:
         try:
             self._engine.wait_block(position, self.timeout_ms)
         except RuntimeError as err:
-            raise self._failure(err) from None  # its text is the cause's, without the C++ frames
+            raise self._failure(err) from None
         if self.timeline:
             self.span("wait", started, what=f"block at position {position}")
 
@@ -195,7 +197,7 @@ class EngineHandle:
         try:
             self._engine.release(position)
         except RuntimeError as err:
-            raise self._failure(err) from None  # its text is the cause's, without the C++ frames
+            raise self._failure(err) from None
 
     def set_credit(self, nbytes: int) -> None:
         self._engine.set_credit(nbytes)
