@@ -30,9 +30,8 @@ import commsched
 from ..outputs import OutputPathError, prepare_dir
 from .allocator import keep_freed_memory, page_faults
 from .compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
-from .models import ModelName
 from .overhead_report import CONTROL, GPT2, PLAIN, POLICIES, markdown, render, targets, write_report
-from .overhead_workloads import Workload, builtin, gpt2
+from .overhead_workloads import Workload, workload
 
 
 @dataclass
@@ -375,26 +374,22 @@ def main(argv: list[str] | None = None) -> int:
     commsched.init()
     results: list[dict[str, Any]] = []
     for name in models:
-        if name == GPT2:
-            try:
-                work = gpt2(device, 8, 512)
-            except ImportError:
-                print("overhead: transformers is not importable; GPT-2 skipped", file=sys.stderr)
-                continue
-        else:
-            model_name = ModelName(name)
-            batch_size = args.batch_size or (8 if model_name is ModelName.TRANSFORMER else 16)
-            work = builtin(model_name, device, batch_size)
+        work = workload(name, device, args.batch_size)
+        if work is None:
+            print("overhead: transformers is not importable; GPT-2 skipped", file=sys.stderr)
+            continue
         autocast = name == GPT2 and device.type == "cuda"
-        def built(steps: int, rows: list[dict[str, Any]], builds: int, name: str = name) -> None:
-            if args.out:
-                write_report(args.out, results + [
-                    {"model": name, "steps": steps, "rows": rows, "builds": builds,
-                     "targets": targets(name, args.device, rows)}], meta)
+        def result(steps: int, rows: list[dict[str, Any]], builds: int,
+                   name: str = name) -> dict[str, Any]:
+            return {"model": name, "steps": steps, "rows": rows, "builds": builds,
+                    "targets": targets(name, args.device, rows, builds)}
 
-        steps, rows = measure_builds(work, device, args, autocast, built)
-        results.append({"model": name, "steps": steps, "rows": rows,
-                        "builds": args.instances, "targets": targets(name, args.device, rows)})
+        def built(steps: int, rows: list[dict[str, Any]], builds: int) -> None:
+            if args.out:
+                write_report(args.out, results + [result(steps, rows, builds)], meta)
+
+        results.append(result(*measure_builds(work, device, args, autocast, built),
+                              args.instances))
         print(markdown(results[-1:], meta), flush=True)
         if args.out:  # after each model: a run cut short by a time limit keeps what it measured
             write_report(args.out, results, meta)

@@ -30,14 +30,14 @@ ROUNDS_OF = {"best_median_ms": "round_medians_ms", "free_best_median_ms": "free_
 # three, so on average these intervals are narrower than the spread of the figure over repeated
 # runs: one that straddles the target says the run did not settle it, and one clear of the
 # target is evidence, not proof. With several builds of the candidates (Note [Builds of the
-# candidates] in overhead.py) the rounds of every build are drawn as if alike, though a build's
-# rounds share its copy's offset: the interval is narrower still there.
+# candidates] in overhead.py) a draw picks builds before rounds (Note [Resampling builds] in
+# resample.py), so the interval holds how far the builds' copies differ as well.
 def verdict(ratio: float, limit: float, rows: list[dict[str, Any]], key: str,
-            statistic: Callable[[dict[str, float]], float]) -> str:
+            statistic: Callable[[dict[str, float]], float], builds: int = 1) -> str:
     """Met or missed by the figure itself, and where the rows kept the same rounds, the interval
     the figure covers over them resampled (Note [The range of a best round])."""
     said = "met" if ratio <= limit else "MISSED"
-    spread = resampled_interval(rows, key, statistic)
+    spread = resampled_interval(rows, key, statistic, builds)
     if spread is None:
         return said
     low, high = spread
@@ -47,22 +47,24 @@ def verdict(ratio: float, limit: float, rows: list[dict[str, Any]], key: str,
 
 
 def resampled_interval(rows: list[dict[str, Any]], key: str,
-                       statistic: Callable[[dict[str, float]], float]
+                       statistic: Callable[[dict[str, float]], float], builds: int = 1
                        ) -> tuple[float, float] | None:
-    """The interval `statistic` of the rows' best rounds covers over their rounds resampled, or
-    None where the rows did not keep the same rounds."""
+    """The interval `statistic` of the rows' best rounds covers over their rounds resampled
+    (`builds`: how many builds' rounds they are, one after another), or None where the rows did
+    not keep the same rounds."""
     series = round_series(rows, [row["candidate"] for row in rows], name_key="candidate",
                           rounds_key=ROUNDS_OF[key])
     if series is None:
         return None
-    return interval(resampled(series, statistic, summary=min))
+    return interval(resampled(series, statistic, summary=min, builds=builds))
 
 
 def _ratio_of(name: str, reference: str) -> Callable[[dict[str, float]], float]:
     return lambda best: best[name] / best[reference]
 
 
-def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock: str) -> str:
+def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock: str,
+                         builds: int = 1) -> str:
     """Issue 13 item 4 in a world of one: `auto` within 2% of the fastest policy measured."""
     policies = [r for r in rows if r["candidate"] in POLICIES and r["candidate"] != "auto"]
     auto = next((r for r in rows if r["candidate"] == "auto"), None)
@@ -72,14 +74,15 @@ def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock
     ratio = auto[key] / fastest[key]
     names = [r["candidate"] for r in policies]
     said = verdict(ratio, 1.02, [auto, *policies], key,
-                   lambda best: best["auto"] / min(best[name] for name in names))
+                   lambda best: best["auto"] / min(best[name] for name in names), builds)
     return (f"{model} auto, {clock}: {ratio:.3f}x the fastest policy ({fastest['candidate']}) "
             f"(target <= 1.02x) {said}")
 
 
-def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
+def targets(model: str, device: str, rows: list[dict[str, Any]], builds: int = 1) -> list[str]:
     """The issue's targets, checked: CPU CNN/Transformer <= 1.03x, MLP <= 1.10x; GPU GPT-2
-    synchronous <= 1.03x, overlap <= 1.05x."""
+    synchronous <= 1.03x, overlap <= 1.05x (`builds`: how many builds the rows' rounds come
+    from)."""
     out = []
     for row in rows[1:]:
         if row["candidate"] == CONTROL:
@@ -91,7 +94,7 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
         else:
             continue
         said = verdict(row["vs_plain"], limit, [rows[0], row], "best_median_ms",
-                       _ratio_of(row["candidate"], rows[0]["candidate"]))
+                       _ratio_of(row["candidate"], rows[0]["candidate"]), builds)
         out.append(f"{model} {row['candidate']}: {row['vs_plain']:.3f}x (target <= {limit:.2f}x) "
                    f"{said}")
     # Item 4 where item 3 sets targets: the GPU's built-in models are launch-bound, and there
@@ -104,8 +107,8 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
     if device == "cuda" and "free_best_median_ms" in rows[0]:
         clocks.append(("free_best_median_ms", "free_vs_plain", "free-running"))
     for key, _, clock in clocks:
-        out.append(auto_against_fastest(model, rows, key, clock))
-    out.append(noise(model, rows, clocks))
+        out.append(auto_against_fastest(model, rows, key, clock, builds))
+    out.append(noise(model, rows, clocks, builds))
     return [line for line in out if line]
 
 
@@ -123,7 +126,8 @@ def targets(model: str, device: str, rows: list[dict[str, Any]]) -> list[str]:
 # more than one run (1.002-1.045x in one), so two identical candidates can differ by more than
 # the noise between rounds, and a verdict's interval clear of its target by less than the
 # control's offset from 1.000 settles nothing either.
-def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, str]]) -> str:
+def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, str]],
+          builds: int = 1) -> str:
     """What the control read against the plain optimizer on each clock, and the interval that
     reading covers over the rounds resampled (Note [A target within the noise])."""
     control = next((r for r in rows if r["candidate"] == CONTROL), None)
@@ -134,7 +138,7 @@ def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, s
         if ratio not in control:
             continue
         spread = resampled_interval([rows[0], control], key,
-                                    _ratio_of(CONTROL, rows[0]["candidate"]))
+                                    _ratio_of(CONTROL, rows[0]["candidate"]), builds)
         readings.append(f"{control[ratio]:.3f}x {clock}" + (
             "" if spread is None else f" ({LEVEL:.0%} of resampled rounds "
                                       f"{spread[0]:.3f}-{spread[1]:.3f}x)"))
@@ -239,7 +243,8 @@ def render(out: str) -> int:
             report = json.load(handle)
         meta, results = report["meta"], report["results"]
         for result in results:
-            result["targets"] = targets(result["model"], meta["device"], result["rows"])
+            result["targets"] = targets(result["model"], meta["device"], result["rows"],
+                                        result.get("builds", 1))
     except (OSError, ValueError, KeyError, TypeError) as err:
         print(f"overhead: --render {out}: {path} is no overhead report ({type(err).__name__}: "
               f"{err})", file=sys.stderr)

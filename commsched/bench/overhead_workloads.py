@@ -55,3 +55,16 @@ def gpt2(device: torch.device, batch_size: int, seq: int) -> Workload:
             return self.lm(tokens, labels=tokens)
 
     return Workload(GPT2, Wrapper, make_batch, loss)
+
+
+def workload(name: str, device: torch.device, batch_size: int = 0) -> Workload | None:
+    """The named model's workload (`batch_size` 0: 16 per step, the Transformer 8; GPT-2 always
+    8 x 512), or None for GPT-2 where `transformers` is not importable."""
+    if name == GPT2:
+        try:
+            return gpt2(device, 8, 512)
+        except ImportError:
+            return None
+    model_name = ModelName(name)
+    return builtin(model_name, device,
+                   batch_size or (8 if model_name is ModelName.TRANSFORMER else 16))

@@ -13,6 +13,15 @@ judges). An interval that straddles the target says that this run cannot tell wh
 holds; the verdict itself stays the ratio the report measured. The interval is of the noise
 between rounds only: an offset that lasts the whole run (two copies of one model placed
 differently in memory, which the overhead report's control shows) is not in it.
+
+Note [Resampling builds]
+Where the rounds come from several builds of the candidates (the overhead benchmark's
+`--instances`), each build's rounds share that build's copies, and so their offsets: drawing
+rounds as if alike would treat four builds' 24 rounds as 24 independent ones, and the interval
+would leave out how far the builds differ, the very offset the builds are there to show. So a
+draw picks builds with replacement first, then within each picked build its rounds with
+replacement (a two-stage, or cluster, bootstrap): with one build this is the draw above,
+unchanged, and with several the interval widens by what the builds disagree on.
 """
 
 from __future__ import annotations
@@ -42,14 +51,24 @@ def round_series(rows: Sequence[Mapping], names: Sequence[str], min_rounds: int 
 def resampled(series: Mapping[str, Sequence[float]],
               statistic: Callable[[dict[str, float]], float],
               draws: int = DRAWS, seed: int = SEED,
-              summary: Callable[[list[float]], float] = statistics.median) -> list[float]:
+              summary: Callable[[list[float]], float] = statistics.median,
+              builds: int = 1) -> list[float]:
     """`statistic` of each draw's figures: each series' `summary` of the drawn rounds (Note
-    [Resampling whole rounds])."""
+    [Resampling whole rounds]); with `builds` > 1 the series are that many builds' rounds, one
+    build after another, drawn by build first (Note [Resampling builds])."""
     rounds = len(next(iter(series.values())))
+    if builds < 1 or rounds % builds:
+        raise ValueError(f"{rounds} rounds are not {builds} builds' equal shares")
+    per_build = rounds // builds
     rng = random.Random(seed)
     out = []
     for _ in range(draws):
-        picked = [rng.randrange(rounds) for _ in range(rounds)]
+        if builds == 1:  # the same stream of draws as before builds existed: reports repeat
+            picked = [rng.randrange(rounds) for _ in range(rounds)]
+        else:
+            starts = [per_build * rng.randrange(builds) for _ in range(builds)]
+            picked = [start + rng.randrange(per_build) for start in starts
+                      for _ in range(per_build)]
         out.append(statistic({name: summary([values[i] for i in picked])
                               for name, values in series.items()}))
     return out

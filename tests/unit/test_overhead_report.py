@@ -143,3 +143,30 @@ def test_the_noise_line_gives_the_controls_interval_on_each_clock() -> None:
         "gpt2 noise: the control, a second plain optimizer (ideally 1.000x), read 1.020x "
         "synchronised per step (90% of resampled rounds 1.020-1.020x), 0.970x free-running "
         "(90% of resampled rounds 0.970-0.970x)")
+
+
+def test_a_build_whose_copy_was_slower_widens_the_interval(tmp_path: pathlib.Path) -> None:
+    # Two builds of five rounds: horovod's first copy ran as fast as plain, its second 5%
+    # slower in every round. The figure (its best round) is 1.000x either way; drawn by build
+    # (Note [Resampling builds]) a quarter of the draws hold only the second build, which the
+    # rounds drawn as if alike almost never do.
+    plain = PLAIN_ROUNDS
+    slower_second = PLAIN_ROUNDS[:5] + [1.05 * ms for ms in PLAIN_ROUNDS[5:]]
+    rows = [_row("plain", plain), _row("horovod", slower_second)]
+    alike = next(line for line in overhead_report.targets("cnn", "cpu", rows)
+                 if line.startswith("cnn horovod:"))
+    by_build = next(line for line in overhead_report.targets("cnn", "cpu", rows, builds=2)
+                    if line.startswith("cnn horovod:"))
+    assert "cannot tell" not in alike
+    assert by_build.startswith("cnn horovod: 1.000x (target <= 1.03x) met; 90% of resampled")
+    assert by_build.endswith(": the rounds cannot tell")
+    # A rendered report reads its builds from results.json.
+    meta = {"device": "cpu", "command": "c", "torch": "t", "optimizer": "adamw", "rounds": 5,
+            "instances": 2, "steps": 10, "round_ms": 60.0, "warmup": 30, "threads": 1,
+            "allocator": "a"}
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"meta": meta, "results": [{"model": "cnn", "steps": 10, "rows": rows, "builds": 2,
+                                    "targets": []}]}), encoding="utf-8")
+    assert overhead.main(["--render", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert report["results"][0]["targets"][0] == by_build

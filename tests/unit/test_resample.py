@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from commsched.bench.compare_report import auto_line, pair_lines
@@ -66,3 +68,24 @@ def test_the_pair_line_shows_the_ratios_interval() -> None:
     low, high = pair["measured_ratio_interval"]
     assert 1.01 <= low <= 1.03 <= high <= 1.06
     assert "over resampled rounds" in pair_lines([pair])
+
+
+def test_builds_are_drawn_before_their_rounds() -> None:
+    # b is a's equal in its first build and 4% slower in its second, every round (Note
+    # [Resampling builds]). Drawn by build, some draws hold only the first build (1.00) and
+    # some only the second (1.04); drawn as if alike, the twelve rounds average the two out.
+    a = [100.0] * 12
+    series = {"a": a, "b": [100.0] * 6 + [104.0] * 6}
+    mean = statistics.fmean
+    by_build = interval(resampled(series, lambda m: m["b"] / m["a"], summary=mean, builds=2))
+    alike = interval(resampled(series, lambda m: m["b"] / m["a"], summary=mean))
+    assert by_build == pytest.approx((1.0, 1.04))
+    assert alike[0] > 1.005 and alike[1] < 1.035
+
+
+def test_one_build_draws_as_before_and_uneven_builds_are_refused() -> None:
+    series = {"a": [1.0, 2.0, 3.0, 4.0], "b": [2.0, 2.0, 3.0, 5.0]}
+    ratios = resampled(series, lambda m: m["b"] / m["a"])
+    assert resampled(series, lambda m: m["b"] / m["a"], builds=1) == ratios
+    with pytest.raises(ValueError, match="4 rounds are not 3 builds"):
+        resampled(series, lambda m: m["b"] / m["a"], builds=3)
