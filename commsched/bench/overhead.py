@@ -31,7 +31,7 @@ from ..outputs import OutputPathError, prepare_dir
 from .allocator import keep_freed_memory, page_faults
 from .compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
 from .overhead_report import CONTROL, GPT2, PLAIN, POLICIES, markdown, render, targets, write_report
-from .overhead_workloads import Workload, workload
+from .overhead_workloads import MODELS, Workload, workload
 
 
 @dataclass
@@ -313,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--models", default="",
-                        help="comma-separated (default: mlp,cnn,transformer; on cuda gpt2 first)")
+                        help="comma-separated (default: mlp,cnn,transformer; on cuda gpt2 "
+                             "first); gpt2_layout: GPT-2's tensors at width 32 (host-bound)")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--batch-size", type=int, default=0,
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     # machine's minutes may run out before the built-in models are done.
     default = ([GPT2] if args.device == "cuda" else []) + ["mlp", "cnn", "transformer"]
     models = [m.strip() for m in args.models.split(",") if m.strip()] or default
+    if set(models) - set(MODELS):
+        parser.error(f"--models {args.models}: choose from {', '.join(MODELS)}")
     command = typed_command("commsched.bench.overhead", argv)
     # Before any tensor: see Note [Page faults are the heap's, not the candidate's].
     allocator = keep_freed_memory() or "the C library's malloc as it came (no mallopt)"

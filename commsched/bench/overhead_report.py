@@ -18,6 +18,7 @@ PLAIN = "plain"
 # the noise floor of the table (the machine, and each model instance's memory layout).
 CONTROL = "plain (control)"
 GPT2 = "gpt2"
+GPT2_LAYOUT = "gpt2_layout"  # GPT-2's tensors at width 32: bench/gpt2_layout.py
 # Each best-median figure and the per-round medians it is the smallest of, per clock.
 ROUNDS_OF = {"best_median_ms": "round_medians_ms", "free_best_median_ms": "free_round_medians_ms"}
 

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import gpt2_layout
 from .models import ModelName, batch, build, loss_fn
-from .overhead_report import GPT2
+from .overhead_report import GPT2, GPT2_LAYOUT
 
 
 @dataclass
@@ -57,9 +58,25 @@ def gpt2(device: torch.device, batch_size: int, seq: int) -> Workload:
     return Workload(GPT2, Wrapper, make_batch, loss)
 
 
+def layout_of_gpt2(device: torch.device, batch_size: int) -> Workload:
+    """GPT-2's parameter layout at width 32 (Note [A host-bound step on a CPU])."""
+    def make_model() -> nn.Module:
+        torch.manual_seed(0)
+        return gpt2_layout.Gpt2Layout().to(device)
+    return Workload(GPT2_LAYOUT, make_model,
+                    lambda step: gpt2_layout.make_batch(step, batch_size, device),
+                    lambda loss, tokens: loss)
+
+
+MODELS = (GPT2, GPT2_LAYOUT, *(name.value for name in ModelName))
+
+
 def workload(name: str, device: torch.device, batch_size: int = 0) -> Workload | None:
-    """The named model's workload (`batch_size` 0: 16 per step, the Transformer 8; GPT-2 always
-    8 x 512), or None for GPT-2 where `transformers` is not importable."""
+    """The named model's workload (`batch_size` 0: 16 per step, the Transformer 8, GPT-2's
+    layout 1 x 64 tokens; GPT-2 always 8 x 512), or None for GPT-2 where `transformers` is not
+    importable."""
+    if name == GPT2_LAYOUT:
+        return layout_of_gpt2(device, batch_size or 1)
     if name == GPT2:
         try:
             return gpt2(device, 8, 512)

@@ -37,7 +37,7 @@ from ..plan.update_groups import per_module_groups
 from ..sim.overlap import completing_blocks
 from .clock import UpdateTimer
 from .deferred import DeferredUpdates
-from .overlap_support import ModuleProfile
+from .overlap_support import ModuleProfile, hook_places
 
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
@@ -95,7 +95,8 @@ class OverlapRunner:
         # so, and no compressed tensor lacks one).
         self._grads: list[torch.Tensor] = []
         # Module name -> the groups its pre-hook may apply: those starting there, and those
-        # holding a parameter it is the first user of (see Note [Skipped group starts]).
+        # holding a parameter it is the first user of (Note [Skipped group starts] in
+        # overlap_support.py).
         self._groups: tuple[UpdateGroup, ...] = ()
         self._groups_at: dict[str, list[int]] = {}
         self._bytes_of: dict[tuple[int, ...], int] = {}
@@ -194,33 +195,9 @@ class OverlapRunner:
             {slot_of[t]: index for index, t in enumerate(compressed.ids) if t in slot_of}
         groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
                                                          self._needs)
-        # Note [Skipped group starts]
-        # A group is applied in the pre-hook of its first module, but control flow may skip
-        # that module in some iteration (a branch taken on even steps only, an expert that got
-        # no tokens) while a later module of the same group runs: it would then compute with the
-        # old parameters, and the update applied at the end of forward would change tensors its
-        # backward still needs. So the first user of every parameter of a group also applies
-        # the group if it is still pending; when the start ran, that costs one lookup.
-        #
-        # Note [The leading group runs at the root]
-        # The group that starts at the first module of the forward pass to use any parameter is
-        # applied in the root module's pre-hook instead: no module before that one reads a
-        # parameter, so the update still comes before its first use and the forward pass hides
-        # no less of its wait; and the root always runs, so that group needs no first-user
-        # hooks. With one group (a world of one, or nothing to overlap) only the root keeps
-        # hooks: each hooked module costs a Python call and torch's slow module-call path per
-        # forward pass (22 modules of the built-in Transformer, about 75 of GPT-2).
-        first_user = self.first_users()
-        users_now = set(first_user.values())
-        leading = next((n for n in self.modules.order if n in users_now), None)
         self._groups = tuple(groups)
-        self._groups_at = {}
-        for index, group in enumerate(self._groups):
-            users = {self._root_name} if group.module == leading else \
-                {group.module, *(first_user.get(t, group.module) for t in group.tensor_ids)}
-            for name in sorted(n if n in self._named else self._root_name for n in users):
-                if index not in self._groups_at.get(name, []):
-                    self._groups_at.setdefault(name, []).append(index)
+        self._groups_at = hook_places(self._groups, self.first_users(), self.modules.order,
+                                      set(self._named), self._root_name)
         self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
         self._work = [self._group_work(group, slot_of) for group in self._groups]
         members = [s for work in self._work for s in work.slots]

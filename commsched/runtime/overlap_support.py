@@ -1,15 +1,17 @@
 """What the overlap runner stands on besides its plan: the forward order and each module's
-forward time, recorded by module hooks (the profiling steps, then sampled iterations), and
-whether a wrapped optimizer and model can run an overlap plan at all."""
+forward time, recorded by module hooks (the profiling steps, then sampled iterations), which
+modules' pre-hooks apply which update groups, and whether a wrapped optimizer and model can run
+an overlap plan at all."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from ..plan import UpdateGroup
 from .profiler import KEEP_ITERATIONS
 
 
@@ -79,6 +81,39 @@ class ModuleProfile:
 
 # Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.
 _UNSPLITTABLE = (torch.optim.LBFGS,)
+
+
+# Note [Skipped group starts]
+# A group is applied in the pre-hook of its first module, but control flow may skip that module
+# in some iteration (a branch taken on even steps only, an expert that got no tokens) while a
+# later module of the same group runs: it would then compute with the old parameters, and the
+# update applied at the end of forward would change tensors its backward still needs. So the
+# first user of every parameter of a group also applies the group if it is still pending; when
+# the start ran, that costs one lookup.
+#
+# Note [The leading group runs at the root]
+# The group that starts at the first module of the forward pass to use any parameter is applied
+# in the root module's pre-hook instead: no module before that one reads a parameter, so the
+# update still comes before its first use and the forward pass hides no less of its wait; and
+# the root always runs, so that group needs no first-user hooks. With one group (a world of one,
+# or nothing to overlap) only the root keeps hooks: each hooked module costs a Python call and
+# torch's slow module-call path per forward pass (22 modules of the built-in Transformer, about
+# 75 of GPT-2).
+def hook_places(groups: Sequence[UpdateGroup], first_user: dict[int, str], order: list[str],
+                modules: set[str], root: str) -> dict[str, list[int]]:
+    """Module name -> the indices of the groups its forward pre-hook applies when pending: each
+    group at its start and at the first user of each of its tensors (`first_user`: tensor id ->
+    module), the leading group at the root, and a name not among `modules` at the root too."""
+    users_now = set(first_user.values())
+    leading = next((name for name in order if name in users_now), None)
+    places: dict[str, list[int]] = {}
+    for index, group in enumerate(groups):
+        users = {root} if group.module == leading else \
+            {group.module, *(first_user.get(t, group.module) for t in group.tensor_ids)}
+        for name in sorted(n if n in modules else root for n in users):
+            if index not in places.get(name, []):
+                places.setdefault(name, []).append(index)
+    return places
 
 
 def overlap_possible(model: Any, base_cls: type) -> bool:
