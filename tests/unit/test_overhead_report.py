@@ -170,3 +170,17 @@ def test_a_build_whose_copy_was_slower_widens_the_interval(tmp_path: pathlib.Pat
     assert overhead.main(["--render", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert report["results"][0]["targets"][0] == by_build
+
+
+def test_gpt2s_layout_reads_what_each_candidate_adds_per_step() -> None:
+    # Note [A host-bound step on a CPU]: no target of its own, the difference in milliseconds.
+    rows = [_row("plain", PLAIN_ROUNDS), _row("horovod", [ms + 0.3 for ms in PLAIN_ROUNDS])]
+    assert overhead_report.targets("gpt2_layout", "cpu", rows) == [
+        "gpt2_layout horovod: adds 0.300 ms per step to the plain optimizer's; 90% of resampled "
+        "rounds 0.300 to 0.300 ms"]
+    meta = {"device": "cpu", "command": "c", "torch": "t", "optimizer": "adamw", "rounds": 10,
+            "steps": 10, "round_ms": 60.0, "warmup": 30, "threads": 1, "allocator": "a"}
+    text = overhead_report.markdown([{"model": "gpt2_layout", "steps": 10, "rows": rows,
+                                      "targets": overhead_report.targets("gpt2_layout", "cpu",
+                                                                         rows)}], meta)
+    assert "## What each candidate adds per step" in text and "## Targets" not in text
