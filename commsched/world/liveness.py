@@ -34,7 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import registry
+from . import processes, registry
 
 log = logging.getLogger("commsched")
 
@@ -55,7 +55,7 @@ class Culprit:
     """One rank that holds the others up, and how."""
 
     rank: int
-    kind: str  # "silent", "left" or "stuck"
+    kind: str  # "silent", "exited", "left" or "stuck"
     text: str  # a sentence for the error: "rank 1 is stuck in forward of iteration 4 for ..."
     line: str  # the stall warning's line: "rank 1: missing '0.weight'; stuck in backward ..."
     key: tuple  # what it is without the times, so that a stall is warned about once
@@ -80,6 +80,7 @@ class Liveness:
         self._store = dist.TCPStore(host, port, size, is_master=False,
                                     timeout=datetime.timedelta(seconds=STORE_TIMEOUT))
         self._beat = 0
+        self._identity = processes.identity()  # Note [Telling an exit from a hang]
         self._warned: set[tuple] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one store client, two threads (beats and error path)
@@ -93,7 +94,8 @@ class Liveness:
         for engine in self._engines():
             if engine.has_peers:
                 engines[str(engine.engine_id)] = engine.progress()
-        state: dict[str, Any] = {"beat": self._beat, "engines": engines, "left": False}
+        state: dict[str, Any] = {"beat": self._beat, "engines": engines, "left": False,
+                                 **self._identity}
         now = registry.activity.now
         if now is not None:
             phase, since, iteration = now
@@ -149,7 +151,8 @@ class Liveness:
         after[self.rank] = self._state()  # this rank as it is now, not as last published
         if ranks is not None:
             after = {r: s for r, s in after.items() if r in ranks}
-        return classify(after, me=self.rank, before=before, window=window)
+        return classify(after, me=self.rank, before=before, window=window,
+                        exited=processes.gone)
 
     # -- stall inspector (rank 0) ---------------------------------------------------------------
 
@@ -228,11 +231,14 @@ def _ranks(ranks: list[int]) -> str:
 
 def classify(states: dict[int, dict | None], me: int | None = None,
              before: dict[int, dict | None] | None = None, window: float = WINDOW,
-             min_seconds: float = 0.0) -> Diagnosis:
+             min_seconds: float = 0.0,
+             exited: Callable[[dict], bool] = lambda state: False) -> Diagnosis:
     """The ranks that hold the others up. `states`: every rank's heartbeat state (None: never
     published); `me`: the rank asking, which is waiting (never a culprit); `before`: the states
     `window` seconds earlier, to tell a silent rank (same state) from a live one; `min_seconds`:
-    a live rank is named only once it has been where it is that long."""
+    a live rank is named only once it has been where it is that long; `exited`: whether a
+    silent rank's process is known to be gone (Note [Telling an exit from a hang] in
+    processes.py)."""
     culprits: list[Culprit] = []
     views: dict[int, _View] = {}
     for rank in sorted(states):
@@ -247,6 +253,11 @@ def classify(states: dict[int, dict | None], me: int | None = None,
             culprits.append(Culprit(rank, "left", f"rank {rank} left (it shut commsched down: it "
                                     "finished, or failed itself)", f"rank {rank}: left",
                                     (rank, "left")))
+        elif before is not None and before.get(rank) == state and exited(state):
+            culprits.append(Culprit(rank, "exited", f"rank {rank} exited without shutting "
+                                    f"commsched down (its process {state.get('pid')} on "
+                                    f"{state.get('host')} is gone: look for its error in its own "
+                                    "output)", f"rank {rank}: exited", (rank, "exited")))
         elif before is not None and before.get(rank) == state:
             culprits.append(Culprit(rank, "silent", f"rank {rank} stopped responding (no "
                                     f"heartbeat for {window:.1f} s)",

@@ -212,6 +212,8 @@ def test_classify_names_each_kind_of_culprit() -> None:
     me = _state(5, 4, [], "step", waiting=5.0)
     cases: dict[str, tuple[dict[int, dict | None], str]] = {
         "silent": ({1: _state(3, 4, [], "backward")}, "rank 1 stopped responding (no heartbeat"),
+        "exited": ({1: {**_state(3, 4, [], "backward"), "pid": 77, "host": "h"}},
+                   "rank 1 exited without shutting commsched down (its process 77 on h is gone"),
         "left": ({1: {"beat": -1, "engines": {}, "left": True}}, "rank 1 left"),
         "never": ({1: None}, "rank 1 stopped responding (it never sent a heartbeat)"),
         "before step": ({1: _state(9, 3, [], "backward", round_=3)},
@@ -225,9 +227,10 @@ def test_classify_names_each_kind_of_culprit() -> None:
         "in step": ({1: _state(9, 3, [], "step")}, "rank 1 is stuck in step() of iteration 3"),
     }
     for name, (peer, expected) in cases.items():
-        before = {0: me, **{r: (_state(3, 4, [], "backward") if name == "silent" else None)
-                            for r in peer}}
-        verdict = classify({0: me, **peer}, me=0, before=before)
+        before = {0: me, **{r: (state if name in ("silent", "exited") else None)
+                            for r, state in peer.items()}}
+        verdict = classify({0: me, **peer}, me=0, before=before,
+                           exited=lambda state: state.get("pid") == 77)
         assert verdict.text.startswith(expected), (name, verdict.text)
         assert verdict.ranks == [1], (name, verdict)
     # A peer waiting in a collective too, in the same iteration, is no culprit.
