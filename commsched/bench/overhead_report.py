@@ -43,8 +43,13 @@ def verdict(ratio: float, limit: float, rows: list[dict[str, Any]], key: str,
         return said
     low, high = spread
     settled = high <= limit or low > limit
-    return (f"{said}; {LEVEL:.0%} of resampled rounds {low:.3f}-{high:.3f}x"
+    return (f"{said}; {LEVEL:.0%} of {_resampled(builds)} {low:.3f}-{high:.3f}x"
             + ("" if settled else ": the rounds cannot tell"))
+
+
+def _resampled(builds: int) -> str:
+    """What a draw picked (Note [Resampling builds] in resample.py)."""
+    return "resampled rounds" if builds == 1 else "resampled builds and rounds"
 
 
 def resampled_interval(rows: list[dict[str, Any]], key: str,
@@ -96,7 +101,7 @@ def host_cost(model: str, rows: list[dict[str, Any]], builds: int = 1) -> list[s
         spread = resampled_interval([rows[0], row], "best_median_ms",
                                     _difference_of(name, plain), builds)
         out.append(f"{model} {name}: adds {added:.3f} ms per step to the plain optimizer's"
-                   + ("" if spread is None else f"; {LEVEL:.0%} of resampled rounds "
+                   + ("" if spread is None else f"; {LEVEL:.0%} of {_resampled(builds)} "
                                                 f"{spread[0]:.3f} to {spread[1]:.3f} ms"))
     return out
 
@@ -164,7 +169,7 @@ def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, s
         spread = resampled_interval([rows[0], control], key,
                                     _ratio_of(CONTROL, rows[0]["candidate"]), builds)
         readings.append(f"{control[ratio]:.3f}x {clock}" + (
-            "" if spread is None else f" ({LEVEL:.0%} of resampled rounds "
+            "" if spread is None else f" ({LEVEL:.0%} of {_resampled(builds)} "
                                       f"{spread[0]:.3f}-{spread[1]:.3f}x)"))
     return (f"{model} noise: the control, a second plain optimizer (ideally 1.000x), read "
             + ", ".join(readings))
@@ -222,11 +227,13 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                          f"{r['vs_plain']:.3f} |{free_cells} {plan} | {groups} | "
                          f"{r['page_faults_per_step']:.0f} |")
         lines.append("")
-    checks = [line for result in results for line in result["targets"]]
-    if checks:
-        heading = "Targets" if any(result["model"] != GPT2_LAYOUT for result in results) \
-            else "What each candidate adds per step"
-        lines += [f"## {heading}", ""] + [f"- {line}" for line in checks] + [""]
+    # One heading per kind of reading: GPT-2's layout has no targets, only what is added.
+    for heading, lines_of in (("Targets", lambda r: r["model"] != GPT2_LAYOUT),
+                              ("What each candidate adds per step",
+                               lambda r: r["model"] == GPT2_LAYOUT)):
+        checks = [line for result in results if lines_of(result) for line in result["targets"]]
+        if checks:
+            lines += [f"## {heading}", ""] + [f"- {line}" for line in checks] + [""]
     return "\n".join(lines)
 
 

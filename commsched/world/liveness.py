@@ -254,10 +254,12 @@ def classify(states: dict[int, dict | None], me: int | None = None,
                                     "finished, or failed itself)", f"rank {rank}: left",
                                     (rank, "left")))
         elif before is not None and before.get(rank) == state and exited(state):
-            culprits.append(Culprit(rank, "exited", f"rank {rank} exited without shutting "
-                                    f"commsched down (its process {state.get('pid')} on "
-                                    f"{state.get('host')} is gone: look for its error in its own "
-                                    "output)", f"rank {rank}: exited", (rank, "exited")))
+            culprits.append(Culprit(rank, "exited", f"rank {rank}'s process (pid "
+                                    f"{state.get('pid')} on {state.get('host')}) has ended "
+                                    "without calling commsched.shutdown(): it crashed, was "
+                                    "killed (out of memory, say) or returned early; see its "
+                                    "output and its exit code in the launcher's log",
+                                    f"rank {rank}: its process ended", (rank, "exited")))
         elif before is not None and before.get(rank) == state:
             culprits.append(Culprit(rank, "silent", f"rank {rank} stopped responding (no "
                                     f"heartbeat for {window:.1f} s)",

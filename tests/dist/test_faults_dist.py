@@ -79,7 +79,8 @@ def test_dead_rank_is_named_with_the_blocks_waited_for() -> None:
     for case, out in outcomes.items():
         assert out["error"] is not None, f"{case}: rank 0 finished although rank 1 died"
         # Rank 1's process is gone (or a zombie): Note [Telling an exit from a hang].
-        assert "rank 1 exited without shutting commsched down" in out["error"], \
+        assert "rank 1's process (pid " in out["error"], (case, out["error"])
+        assert "has ended without calling commsched.shutdown()" in out["error"], \
             (case, out["error"])
         assert "block " in out["error"], (case, out["error"])  # the blocks it waited for
         assert out["printed_alone"] and "frame #" not in out["error"], (case, out["error"])

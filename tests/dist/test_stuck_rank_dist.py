@@ -213,7 +213,8 @@ def test_classify_names_each_kind_of_culprit() -> None:
     cases: dict[str, tuple[dict[int, dict | None], str]] = {
         "silent": ({1: _state(3, 4, [], "backward")}, "rank 1 stopped responding (no heartbeat"),
         "exited": ({1: {**_state(3, 4, [], "backward"), "pid": 77, "host": "h"}},
-                   "rank 1 exited without shutting commsched down (its process 77 on h is gone"),
+                   "rank 1's process (pid 77 on h) has ended without calling "
+                   "commsched.shutdown(): it crashed, was killed"),
         "left": ({1: {"beat": -1, "engines": {}, "left": True}}, "rank 1 left"),
         "never": ({1: None}, "rank 1 stopped responding (it never sent a heartbeat)"),
         "before step": ({1: _state(9, 3, [], "backward", round_=3)},

@@ -158,7 +158,8 @@ def test_a_build_whose_copy_was_slower_widens_the_interval(tmp_path: pathlib.Pat
     by_build = next(line for line in overhead_report.targets("cnn", "cpu", rows, builds=2)
                     if line.startswith("cnn horovod:"))
     assert "cannot tell" not in alike
-    assert by_build.startswith("cnn horovod: 1.000x (target <= 1.03x) met; 90% of resampled")
+    assert by_build.startswith("cnn horovod: 1.000x (target <= 1.03x) met; 90% of resampled "
+                               "builds and rounds")
     assert by_build.endswith(": the rounds cannot tell")
     # A rendered report reads its builds from results.json.
     meta = {"device": "cpu", "command": "c", "torch": "t", "optimizer": "adamw", "rounds": 5,
@@ -184,3 +185,13 @@ def test_gpt2s_layout_reads_what_each_candidate_adds_per_step() -> None:
                                       "targets": overhead_report.targets("gpt2_layout", "cpu",
                                                                          rows)}], meta)
     assert "## What each candidate adds per step" in text and "## Targets" not in text
+    # Beside a model with targets, each reading sits under its own heading.
+    cnn = {"model": "cnn", "steps": 10, "rows": rows,
+           "targets": overhead_report.targets("cnn", "cpu", rows)}
+    layout = {"model": "gpt2_layout", "steps": 10, "rows": rows,
+              "targets": overhead_report.targets("gpt2_layout", "cpu", rows)}
+    text = overhead_report.markdown([layout, cnn], meta)
+    targets = text[text.index("## Targets"):text.index("## What each candidate adds")]
+    added = text[text.index("## What each candidate adds"):]
+    assert "cnn horovod" in targets and "gpt2_layout" not in targets
+    assert "gpt2_layout horovod" in added and "cnn" not in added

@@ -50,11 +50,51 @@ def test_an_exited_process_its_launcher_has_not_reaped_is_gone() -> None:
         child.wait(timeout=10)
 
 
-@pytest.mark.parametrize("field, value", [("host", "another-host"), ("pid_ns", "pid:[1]"),
+@pytest.mark.parametrize("field, value", [("boot_id", "another-machine-or-boot"),
+                                          ("pid_ns", "pid:[1]"), ("boot_id", None),
                                           ("pid", None)])
-def test_nothing_is_claimed_of_another_host_or_pid_namespace(field: str, value: object) -> None:
+def test_nothing_is_claimed_of_another_machine_or_pid_namespace(field: str,
+                                                               value: object) -> None:
     child = _child()
     child.kill()
     child.wait(timeout=10)
     state = {**processes.identity(), "pid": child.pid, field: value}
     assert not processes.gone(state)  # gone, but not where this process could tell
+
+
+def test_a_missing_proc_entry_is_confirmed_by_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    # /proc mounted with hidepid shows no entry for another user's live process: kill(pid, 0)
+    # then says it exists (EPERM), and nothing is claimed.
+    state = processes.identity()
+    real_open = open
+
+    def hidden(path: str, *args: object, **kwargs: object) -> object:
+        if path == f"/proc/{state['pid']}/stat":
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", hidden)
+    assert not processes.gone(state)  # this very process: alive
+    monkeypatch.setattr(processes.os, "kill", _raise(PermissionError()))
+    assert not processes.gone(state)
+    monkeypatch.setattr(processes.os, "kill", _raise(ProcessLookupError()))
+    assert processes.gone(state)
+
+
+def test_an_unreadable_proc_entry_claims_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = processes.identity()
+    real_open = open
+
+    def unreadable(path: str, *args: object, **kwargs: object) -> object:
+        if path == f"/proc/{state['pid']}/stat":
+            raise PermissionError(path)
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", unreadable)
+    assert not processes.gone(state)
+
+
+def _raise(error: OSError) -> Callable[[int, int], None]:
+    def kill(pid: int, signal: int) -> None:
+        raise error
+    return kill
