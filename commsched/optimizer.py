@@ -129,6 +129,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Also restores the saved plan and position when ``state_dict`` has a ``commsched``
         entry (call it on every rank, or on one rank followed by broadcast_optimizer_state)."""
         self.session.flush()  # not a pause, as in state_dict()
+        self.session.hook_gradients()  # the restored plan may be another, or not yet settled
         entry = state_dict.get(checkpoint.KEY)
         if entry is not None:
             checkpoint.validate(self.session, entry)  # before torch's state changes

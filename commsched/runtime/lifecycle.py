@@ -117,7 +117,7 @@ class PlanLifecycle:
         # Whether a restored plan awaits the ranks' comparison at the next `settle`: callers
         # test it before calling, so that a plain iteration spends no call on it.
         self.unsettled = False
-        self._sampling = SamplingSchedule(engine)
+        self.sampling = SamplingSchedule(engine)
         # The profile document's collectives of the profiling steps, for the steady state's
         # re-plan (Note [Planning from the steady state]).
         self._profiled_collectives: dict | None = None
@@ -184,7 +184,7 @@ class PlanLifecycle:
             self.install(self._profiling_plan(Profile()))
         else:
             self.replan()
-        self._sampling.unsettle()  # the window held the old plan: settle afresh
+        self.sampling.unsettle()  # the window held the old plan: settle afresh
 
     # -- after each iteration ---------------------------------------------------------------
 
@@ -219,7 +219,7 @@ class PlanLifecycle:
             self._engine.profiler.restart_window()  # the trials ran other plans
         settled = (self.replan_at is None or iteration >= self.replan_at) \
             and (auto is None or auto.settled)
-        self._sampling.iteration_ended(iteration, settled)
+        self.sampling.iteration_ended(iteration, settled)
 
     def replan(self, refine: bool = False) -> None:
         """Builds the policy's plan from the world's profile (`_critical`), identically on

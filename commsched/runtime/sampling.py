@@ -72,6 +72,12 @@ class SamplingSchedule:
         if every != self._every:  # the engine's, without a property call per iteration
             self._every = self._engine.sample_every = every
 
+    @property
+    def sparse(self) -> bool:
+        """Whether the plan has settled and its closely sampled iterations are over: the profile
+        describes it, and from here on it is sampled every SAMPLE_EVERY_LATER-th iteration."""
+        return self._every == SAMPLE_EVERY_LATER
+
     def unsettle(self) -> None:
         """The plan changed (a re-plan, a compressor's start): it settles afresh."""
         if self._settled_at is not None:

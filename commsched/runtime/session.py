@@ -46,6 +46,7 @@ from .gradient_hooks import GradientHooks
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner
 from .overlap_support import check_overlap_allowed, overlap_possible
+from .passthrough import Passthrough
 from .release import Resources, release, release_orphans
 from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
@@ -54,7 +55,7 @@ from .wrap import WrapOptions, dense_layout, make_specs
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 _activity = registry.activity
 
-class Session(ElasticBinding, CompressedIntake, GradientHooks):
+class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
     # Made by `_bind` for the world of now: at wrap time, or in an elastic Horovod job at the
     # first step and again whenever that world was re-formed (Note [Elastic Horovod]).
     world: World
@@ -112,8 +113,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
         compressed_ids: list[int] = [] if self.compressed is None else list(self.compressed.ids)
         for tid in compressed_ids:
             self.intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
-        self._hooks = [p.register_post_accumulate_grad_hook(self.intake.hook(tid))
-                       for tid, p in enumerate(self.params) if p.numel() > 0]
+        self._hooks = self._gradient_hooks()
         self._hooked = len(self._hooks)  # dense gradients that reach the engine from a hook
         self._hooks += [p.register_post_accumulate_grad_hook(self._sparse_hook(i))
                         for i, (_, p) in enumerate(self._routed)]
@@ -159,6 +159,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
             self.compressed.begin(self.engine)
             self._compression_switch()
         self.lifecycle.start(self.iteration)
+        self._may_pass = self._passthrough_possible()
         self._bound = True
 
     def _reset_counts(self, next_iteration: bool = False) -> None:
@@ -246,6 +247,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
         return self.sparse.pending(self.passes)
 
     def set_passes(self, passes: int) -> None:
+        self.hook_gradients()  # the hooks count the passes
         self.passes = passes
         self._reset_counts()
 
@@ -263,6 +265,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
                 continue  # a compressor's wire tensor: released by the compressor
             param = self.params[tensor_id]
             if param.grad is None:
+                self._lacked_gradient()
                 param.grad = torch.zeros_like(param)
             elif param.grad.is_sparse:
                 self._densify(tensor_id, param)
@@ -270,6 +273,9 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
+        if self.passthrough:  # Note [A world of one steps as the plain optimizer]
+            self.iteration += 1
+            return
         if self.elastic and self.stale:  # no gradient in this iteration here; the world changed
             self._elastic_guard(self._rebind)
         _activity.now = ("step", time.monotonic(), self.iteration)
@@ -297,6 +303,8 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
         if self._densified:
             self._resparsify()
         self._end_iteration()
+        if self._may_pass:
+            self._maybe_pass_through()
 
     def _second_round(self, compressed: CompressedGradients,
                       before_wait: Callable[[int], None] | None = None) -> None:
@@ -340,6 +348,8 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks):
         update is made in two calls of different sizes instead, so that the profile can tell
         an optimizer call's fixed cost from its cost per byte (the planner's update groups
         trade the two)."""
+        if self.passthrough:
+            return step()
         started = _C.now_us()
         samples = []
         if closure is None and self.runner is not None and self.runner.recording:

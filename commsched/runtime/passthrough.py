@@ -1,0 +1,98 @@
+"""A world of one that has settled on a synchronous plan steps as the plain optimizer: no
+gradient hook, no engine wait (Note [A world of one steps as the plain optimizer]).
+
+Note [A world of one steps as the plain optimizer]
+With no peer there is nothing to reduce, and Horovod's optimizer registers no gradient hook at
+size 1: it costs what the plain optimizer costs. Ours hands every gradient to the engine and
+waits for it at step(), which is what lets a world of one be profiled (a profile to simulate
+larger worlds from, `auto`'s choice) but costs a hook per gradient and a wait per step: on
+GPT-2's 148 tensors 0.1-0.3 ms per step on a core here (benchmarks/overhead/gpt2_layout_cpu/).
+Once nothing is left to learn, that cost buys nothing. So when the plan has settled and its
+closely sampled iterations are over (the profile then describes it: Note [Sampling the profile]
+in sampling.py), a session with no peer removes its gradient hooks and from then on step()
+counts the iteration and calls the user's optimizer, and nothing else. Only where that changes
+nothing the user can see:
+  * one world of one, for good: not in an elastic job (a world that may grow again);
+  * a synchronous plan, and no overlap runner recording or applying updates;
+  * no timeline being written, no compressor (its error feedback runs in a world of one too),
+    no sparse route, backward_passes_per_step 1 (the hooks count the passes);
+  * every parameter had its gradient in every iteration so far: where one lacked it, the
+    synchronous step fills it with zeros (Horovod's rule for a gradient another rank may have
+    made), which a plain step would not; the first such iteration ends the prospect for good.
+Whatever changes the plan or the passes hooks the gradients again first
+(set_backward_passes_per_step, load_state_dict): the engine then finds the next iteration as
+any other, and step() hands over what no hook did (Session._launch_rest).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .. import _C
+    from ..config import Config
+    from ..world import World
+    from .compressed import CompressedGradients
+    from .lifecycle import PlanLifecycle
+    from .overlap import OverlapRunner
+
+
+class Passthrough:
+    """Mixed into Session, which provides the world, the hooks and what decides whether the
+    plan has settled."""
+
+    world: World
+    config: Config
+    elastic: bool
+    params: list[torch.Tensor]
+    intake: _C.GradientIntake | None
+    compressed: CompressedGradients | None
+    runner: OverlapRunner | None
+    lifecycle: PlanLifecycle
+    passes: int
+    iteration: int
+    _routed: list[tuple[str, torch.Tensor]]
+    _hooks: list[Any]
+    _hooked: int
+
+    # Whether step() is the plain optimizer's now, and whether that may still come: false once
+    # some iteration lacked a gradient, and from the start where the world or the options rule
+    # it out (Note [A world of one steps as the plain optimizer]).
+    passthrough = False
+    _may_pass = False
+
+    def _gradient_hooks(self) -> list[Any]:
+        """The dense parameters' hooks, which hand each gradient to the intake."""
+        assert self.intake is not None
+        return [p.register_post_accumulate_grad_hook(self.intake.hook(tid))
+                for tid, p in enumerate(self.params) if p.numel() > 0]
+
+    def _passthrough_possible(self) -> bool:
+        """At bind: whether this session could ever step as the plain optimizer."""
+        return (self.world.size == 1 and not self.elastic and not self._routed
+                and self.compressed is None and not self.config.timeline)
+
+    def _maybe_pass_through(self) -> None:
+        """At the end of a synchronous iteration: removes the gradient hooks where nothing is
+        left to learn (Note [A world of one steps as the plain optimizer])."""
+        runner = self.runner
+        if self.passthrough or self.passes != 1 or not self.lifecycle.sampling.sparse \
+                or self.lifecycle.unsettled \
+                or (runner is not None and (runner.active or runner.recording)):
+            return
+        for handle in self._hooks[:self._hooked]:
+            handle.remove()
+        self.passthrough = True
+
+    def _lacked_gradient(self) -> None:
+        """Some gradient was missing at step(): this session steps through the engine for good."""
+        self._may_pass = False
+
+    def hook_gradients(self) -> None:
+        """Leaves the plain optimizer's step: the gradients go to the engine again from the next
+        one handed over (a gradient already in ``p.grad`` goes at step())."""
+        if self.passthrough:
+            self._hooks[:self._hooked] = self._gradient_hooks()
+            self.passthrough = False

@@ -1,0 +1,158 @@
+"""A world of one that has settled on a synchronous plan steps as the plain optimizer, as
+Horovod's does at size 1 (runtime/passthrough.py, Note [A world of one steps as the plain
+optimizer]): the same parameters as the plain optimizer throughout, no gradient handed over
+once it passes through, hooked again by whatever changes the passes or the plan, and never where
+it would change what the user sees."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import commsched
+
+STEPS = 120  # horovod and mgwfbp pass through after 78 iterations, ddp after 64
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _pair(**kw: Any) -> tuple[nn.Module, Any, nn.Module, torch.optim.Optimizer]:
+    model, twin = _model(), _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=model.named_parameters(), **kw)
+    return model, opt, twin, torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(5, 3, generator=torch.Generator().manual_seed(step))
+
+
+def _steps(model: nn.Module, opt: Any, twin: nn.Module, plain: torch.optim.Optimizer,
+           steps: range, passes: int = 1) -> int | None:
+    """Trains both side by side; the first step after which `opt` passed through."""
+    first = None
+    for step in steps:
+        for m, o in ((model, opt), (twin, plain)):
+            o.zero_grad()
+            for _ in range(passes):
+                m(_batch(step)).square().sum().backward()
+            o.step()
+        if first is None and opt.session.passthrough:
+            first = step
+    return first
+
+
+def _same(model: nn.Module, twin: nn.Module) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(),
+                                                 strict=True))
+
+
+@pytest.mark.parametrize("policy", ["horovod", "ddp", "mgwfbp"])
+def test_a_settled_world_of_one_steps_as_the_plain_optimizer(policy: str) -> None:
+    commsched.init()
+    model, opt, twin, plain = _pair(policy=policy)
+    first = _steps(model, opt, twin, plain, range(STEPS))
+    assert first is not None and first < STEPS - 10, first
+    assert _same(model, twin)
+    assert opt.session.iteration == STEPS  # still counted (checkpoints keep it)
+    model(_batch(0)).square().sum().backward()
+    assert not opt.session.pending  # no hook took the gradient: nothing was handed over
+    opt.step()
+
+
+def test_auto_passes_through_once_it_has_decided() -> None:
+    commsched.init()
+    model, opt, twin, plain = _pair(policy="auto", model=_model())
+    first = _steps(model, opt, twin, plain, range(300))
+    assert first is not None and opt.auto is not None and opt.auto.settled
+    assert _same(model, twin)
+
+
+def test_changing_the_passes_hooks_the_gradients_again() -> None:
+    commsched.init()
+    model, opt, twin, plain = _pair(policy="horovod")
+    assert _steps(model, opt, twin, plain, range(STEPS)) is not None
+    model(_batch(0)).square().sum().backward()  # before the change: left in p.grad
+    opt.set_backward_passes_per_step(1)
+    assert not opt.session.passthrough
+    twin(_batch(0)).square().sum().backward()
+    opt.step()  # hands over what no hook did
+    plain.step()
+    assert _same(model, twin)
+    opt.set_backward_passes_per_step(2)
+    assert _steps(model, opt, twin, plain, range(STEPS, STEPS + 20), passes=2) is None
+    assert _same(model, twin)
+    opt.zero_grad()
+    model(_batch(0)).sum().backward()
+    model(_batch(1)).sum().backward()
+    with pytest.raises(AssertionError, match="more than backward_passes_per_step"):
+        model(_batch(2)).sum().backward()  # the hooks count the passes again
+
+
+def test_loading_a_checkpoint_hooks_the_gradients_again() -> None:
+    commsched.init()
+    model, opt, twin, plain = _pair(policy="horovod")
+    assert _steps(model, opt, twin, plain, range(STEPS)) is not None
+    opt.load_state_dict(opt.state_dict())
+    plain.load_state_dict(plain.state_dict())
+    assert not opt.session.passthrough
+    model(_batch(0)).square().sum().backward()
+    assert opt.session.pending  # handed over by the hook again
+    opt.step()
+    twin(_batch(0)).square().sum().backward()
+    plain.step()
+    assert _same(model, twin)
+    assert _steps(model, opt, twin, plain, range(STEPS)) is not None  # and passes through again
+    assert _same(model, twin)
+
+
+class _Unused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.spare = nn.Linear(3, 2), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _never(tmp_path: pathlib.Path, case: str) -> Any:
+    torch.manual_seed(0)
+    if case == "a parameter without a gradient":
+        model: nn.Module = _Unused()
+    else:
+        model = _model()
+    kw: dict[str, Any] = {"policy": "horovod"}
+    if case == "an overlap plan":
+        kw = {"policy": "bytescheduler", "model": model}
+    elif case == "a timeline":
+        kw["timeline"] = str(tmp_path / "timeline.json")
+    elif case == "PowerSGD":
+        kw["compression"] = commsched.Compression.powersgd(min_ratio=1.0)
+    elif case == "two passes per step":
+        kw["backward_passes_per_step"] = 2
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters(), **kw)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for _ in range(opt.backward_passes_per_step):
+            model(_batch(step)).square().sum().backward()
+        opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("case", ["a parameter without a gradient", "an overlap plan",
+                                  "a timeline", "PowerSGD", "two passes per step"])
+def test_nothing_the_user_sees_changes_where_it_would_matter(tmp_path: pathlib.Path,
+                                                             case: str) -> None:
+    commsched.init()
+    opt = _never(tmp_path, case)
+    assert not opt.session.passthrough, case
+    opt.session.close()
