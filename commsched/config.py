@@ -126,7 +126,7 @@ KNOBS: tuple[Knob, ...] = (
          "synchronous plan with the fewest blocks when predicted within 30%, and one other knob "
          "setting of a measured policy predicted within 2% of it) run six "
          "interleaved windows of 10 steps each, and the measured-fastest stays (0: the "
-         "prediction alone decides).", minimum=0, maximum=16),
+         "prediction alone decides, as always in a world of one).", minimum=0, maximum=16),
     Knob("alpha", Kind.SECONDS, None, "`mgwfbp` policy: start-up latency of one collective; unset: "
          "fitted from the profiled collectives.", minimum=0, maximum=10),
     Knob("beta", Kind.SECONDS, None, "`mgwfbp` policy: seconds per byte of one collective; unset: "

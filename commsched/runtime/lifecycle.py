@@ -20,6 +20,7 @@ rank can run a different plan (see Note [The order is the plan's] in csrc/engine
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -263,9 +264,13 @@ class PlanLifecycle:
         document = self._world_document()
         if is_profiling_plan(self.plan):
             self._profiled_collectives = document["collectives"]
-        # With no peer there is nothing to overlap: a world of one runs a synchronous plan.
-        overlap_allowed = self._runner is not None and self._world.size > 1
-        self.auto.choose(document, self._config, overlap_allowed, self._run_of(document)[1])
+        # With no peer there is nothing to overlap: a world of one runs a synchronous plan. Its
+        # synchronous plans all do the same work (no collective), so trials would measure noise
+        # and only delay its passing through (Note [A world of one steps as the plain optimizer]).
+        lone = self._world.size == 1
+        cfg = dataclasses.replace(self._config, auto_trials=0) if lone else self._config
+        self.auto.choose(document, cfg, self._runner is not None and not lone,
+                         self._run_of(document)[1])
         self.write_profile(document)
         self._install_choice()
         # Note [Trials of steady plans]: the trials' plans come from the choice's own window.
