@@ -94,6 +94,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:
         session = self.session
+        if session.passthrough and self._cs_should_synchronize and not self._cs_synchronized:
+            # Note [A world of one steps as the plain optimizer]: what synchronize() and
+            # update() would do there, without their calls.
+            session.iteration += 1
+            return session.deferred.base_step(self, closure)
         if session.elastic and session.elastic_state_step:  # hvd.elastic's state sync
             return super().step(closure)
         if self._cs_should_synchronize and session.defers_updates and not self._cs_synchronized:
@@ -139,7 +144,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             checkpoint.restore(self.session, entry)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.session.pending:
+        session = self.session
+        if not session.passthrough and session.pending:
             raise AssertionError(_ZERO_GRAD_PENDING)
         # Note [zero_grad after a deferred step]
         # Under an overlap plan, step() took every gradient out of p.grad (the runner holds

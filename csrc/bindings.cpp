@@ -198,6 +198,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_grads", &commsched::set_grads, py::arg("params"), py::arg("grads"),
         "p.grad = g for each pair");
   m.def("clear_grads", &commsched::clear_grads, py::arg("params"), "p.grad = None for each");
+  m.def("drop_post_accumulate_grad_hooks", &commsched::drop_post_accumulate_grad_hooks,
+        py::arg("params"), "Removes torch's emptied post-accumulate-grad hook from each");
   m.def("no_grads",
         [](const py::iterable& param_groups) {
           for (py::handle group : param_groups)

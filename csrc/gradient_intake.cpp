@@ -88,4 +88,15 @@ void clear_grads(std::vector<at::Tensor> params) {
   for (auto& param : params) param.mutable_grad().reset();
 }
 
+// Note [An empty hook dict still costs a call]
+// Removing a tensor's last post-accumulate-grad hook leaves torch's C++ hook object on it, which
+// still takes the GIL and walks the now empty dict after every accumulation (about 1 us a
+// parameter here); setting the Python attribute to None does not remove it either. A world of
+// one stepping as the plain optimizer (Note [A world of one steps as the plain optimizer] in
+// commsched/runtime/passthrough.py) removes it here, after Python set the attribute to None so
+// that a later registration installs a fresh one.
+void drop_post_accumulate_grad_hooks(const std::vector<at::Tensor>& params) {
+  for (const auto& param : params) torch::autograd::impl::post_acc_grad_hooks(param).reset();
+}
+
 }  // namespace commsched

@@ -82,6 +82,9 @@ std::vector<at::Tensor> take_grads(std::vector<at::Tensor> params);
 void set_grads(std::vector<at::Tensor> params,
                const std::vector<std::optional<at::Tensor>>& grads);
 void clear_grads(std::vector<at::Tensor> params);
+// Removes torch's post-accumulate-grad hook object from each parameter (Note [An empty hook dict
+// still costs a call]); the caller has emptied and unset the Python side.
+void drop_post_accumulate_grad_hooks(const std::vector<at::Tensor>& params);
 
 // One parameter's hook: what register_post_accumulate_grad_hook is given.
 struct GradientHook {

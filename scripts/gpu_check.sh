@@ -20,6 +20,10 @@
 # range of a best round] in commsched/bench/overhead_report.py). $GPU_CHECK_INSTANCES (say, 4) builds
 # the candidates that many times, $ROUNDS rounds each (Note [Builds of the candidates] in
 # commsched/bench/overhead.py): on the H100 two identical plain optimizers settled 1.5-3% apart.
+# $GPU_CHECK_WARMUP (say, 110) sets the warm-up steps of each build: a world of one steps as the
+# plain optimizer from about iteration 80 (`horovod`) or 100 (`auto`) on (Note [A world of one
+# steps as the plain optimizer] in commsched/runtime/passthrough.py), and the benchmark's default
+# warm-up is 30.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -58,7 +62,8 @@ timeout "${GPU_CHECK_BENCH_S:-300}" env OVERHEAD_COMMAND="scripts/gpu_check.sh" 
   "$PY" -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
   ${GPU_CHECK_MODELS:+--models "$GPU_CHECK_MODELS"} \
   ${GPU_CHECK_POLICIES:+--policies "$GPU_CHECK_POLICIES"} \
-  ${GPU_CHECK_INSTANCES:+--instances "$GPU_CHECK_INSTANCES"} --out "$OUT/overhead" 2>&1 \
+  ${GPU_CHECK_INSTANCES:+--instances "$GPU_CHECK_INSTANCES"} \
+  ${GPU_CHECK_WARMUP:+--warmup "$GPU_CHECK_WARMUP"} --out "$OUT/overhead" 2>&1 \
   | tee "$OUT/overhead.log"
 BENCH_RC=${PIPESTATUS[0]}
 set -e

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import _C
+
 if TYPE_CHECKING:
-    from .. import _C
     from ..config import Config
     from ..world import World
     from .compressed import CompressedGradients
@@ -84,6 +85,13 @@ class Passthrough:
             return
         for handle in self._hooks[:self._hooked]:
             handle.remove()
+        # Note [An empty hook dict still costs a call] (csrc/gradient_intake.cpp): where no
+        # other hook is left (the user's own stay), torch's hook object goes too.
+        emptied = [p for p in self.params if p._post_accumulate_grad_hooks is not None
+                   and not p._post_accumulate_grad_hooks]
+        for param in emptied:
+            param._post_accumulate_grad_hooks = None  # type: ignore[assignment]
+        _C.drop_post_accumulate_grad_hooks(emptied)
         self.passthrough = True
 
     def _lacked_gradient(self) -> None:

@@ -68,6 +68,30 @@ def test_a_settled_world_of_one_steps_as_the_plain_optimizer(policy: str) -> Non
     opt.step()
 
 
+def test_no_hook_is_left_on_a_parameter_but_the_users_own() -> None:
+    # Note [An empty hook dict still costs a call]: torch's hook object goes where ours was the
+    # last hook; a hook of the user's stays and keeps firing.
+    commsched.init()
+    model, opt, twin, plain = _pair(policy="horovod")
+    last = list(model.parameters())[-1]
+    fired: list[int] = []
+    last.register_post_accumulate_grad_hook(lambda p: fired.append(1))
+    assert _steps(model, opt, twin, plain, range(STEPS)) is not None
+    others = list(model.parameters())[:-1]
+    assert all(p._post_accumulate_grad_hooks is None for p in others)
+    hooks = last._post_accumulate_grad_hooks
+    assert hooks is not None and len(hooks) == 1
+    fired.clear()
+    model(_batch(0)).square().sum().backward()
+    assert fired == [1] and not opt.session.pending
+    opt.step()
+    opt.set_backward_passes_per_step(1)  # hooked again: ours and the user's
+    opt.zero_grad()
+    model(_batch(1)).square().sum().backward()
+    assert fired == [1, 1] and opt.session.pending
+    opt.step()
+
+
 def test_auto_passes_through_once_it_has_decided_without_trials() -> None:
     # Its synchronous plans all do the same work in a world of one: nothing to measure.
     commsched.init()
