@@ -62,18 +62,23 @@ def test_nothing_is_claimed_of_another_machine_or_pid_namespace(field: str,
     assert not processes.gone(state)  # gone, but not where this process could tell
 
 
+def _proc_entry_raises(monkeypatch: pytest.MonkeyPatch, pid: int, error: type[OSError]) -> None:
+    """Reading /proc/<pid>/stat raises `error`; every other file opens as it would."""
+    real_open = open
+
+    def opened(path: str, *args: object, **kwargs: object) -> object:
+        if path == f"/proc/{pid}/stat":
+            raise error(path)
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", opened)
+
+
 def test_a_missing_proc_entry_is_confirmed_by_kill(monkeypatch: pytest.MonkeyPatch) -> None:
     # /proc mounted with hidepid shows no entry for another user's live process: kill(pid, 0)
     # then says it exists (EPERM), and nothing is claimed.
     state = processes.identity()
-    real_open = open
-
-    def hidden(path: str, *args: object, **kwargs: object) -> object:
-        if path == f"/proc/{state['pid']}/stat":
-            raise FileNotFoundError(path)
-        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
-
-    monkeypatch.setattr("builtins.open", hidden)
+    _proc_entry_raises(monkeypatch, state["pid"], FileNotFoundError)
     assert not processes.gone(state)  # this very process: alive
     monkeypatch.setattr(processes.os, "kill", _raise(PermissionError()))
     assert not processes.gone(state)
@@ -83,14 +88,7 @@ def test_a_missing_proc_entry_is_confirmed_by_kill(monkeypatch: pytest.MonkeyPat
 
 def test_an_unreadable_proc_entry_claims_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     state = processes.identity()
-    real_open = open
-
-    def unreadable(path: str, *args: object, **kwargs: object) -> object:
-        if path == f"/proc/{state['pid']}/stat":
-            raise PermissionError(path)
-        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
-
-    monkeypatch.setattr("builtins.open", unreadable)
+    _proc_entry_raises(monkeypatch, state["pid"], PermissionError)
     assert not processes.gone(state)
 
 
