@@ -144,8 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             checkpoint.restore(self.session, entry)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        session = self.session
-        if not session.passthrough and session.pending:
+        if self.session.pending:  # never while passing through: no hook hands a gradient over
             raise AssertionError(_ZERO_GRAD_PENDING)
         # Note [zero_grad after a deferred step]
         # Under an overlap plan, step() took every gradient out of p.grad (the runner holds

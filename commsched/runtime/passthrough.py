@@ -79,9 +79,8 @@ class Passthrough:
     def _maybe_pass_through(self) -> None:
         """At the end of a synchronous iteration: removes the gradient hooks where nothing is
         left to learn (Note [A world of one steps as the plain optimizer])."""
-        runner = self.runner
-        if self.passthrough or self.passes != 1 or not self.lifecycle.sampling.sparse \
-                or self.lifecycle.unsettled \
+        runner = self.runner  # called from a synchronous step(), never while passing through
+        if self.passes != 1 or not self.lifecycle.sampling.sparse or self.lifecycle.unsettled \
                 or (runner is not None and (runner.active or runner.recording)):
             return
         for handle in self._hooks[:self._hooked]:

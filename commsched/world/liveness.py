@@ -229,6 +229,15 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} " + ", ".join(str(r) for r in sorted(ranks))
 
 
+def _ended(rank: int, state: dict) -> Culprit:
+    """A silent rank whose process is gone (Note [Telling an exit from a hang])."""
+    return Culprit(rank, "exited", f"rank {rank}'s process (pid {state.get('pid')} on "
+                   f"{state.get('host')}) has ended without calling commsched.shutdown(): it "
+                   "crashed, was killed (out of memory, say) or returned early; see its output "
+                   "and its exit code in the launcher's log", f"rank {rank}: its process ended",
+                   (rank, "exited"))
+
+
 def classify(states: dict[int, dict | None], me: int | None = None,
              before: dict[int, dict | None] | None = None, window: float = WINDOW,
              min_seconds: float = 0.0,
@@ -253,17 +262,10 @@ def classify(states: dict[int, dict | None], me: int | None = None,
             culprits.append(Culprit(rank, "left", f"rank {rank} left (it shut commsched down: it "
                                     "finished, or failed itself)", f"rank {rank}: left",
                                     (rank, "left")))
-        elif before is not None and before.get(rank) == state and exited(state):
-            culprits.append(Culprit(rank, "exited", f"rank {rank}'s process (pid "
-                                    f"{state.get('pid')} on {state.get('host')}) has ended "
-                                    "without calling commsched.shutdown(): it crashed, was "
-                                    "killed (out of memory, say) or returned early; see its "
-                                    "output and its exit code in the launcher's log",
-                                    f"rank {rank}: its process ended", (rank, "exited")))
         elif before is not None and before.get(rank) == state:
-            culprits.append(Culprit(rank, "silent", f"rank {rank} stopped responding (no "
-                                    f"heartbeat for {window:.1f} s)",
-                                    f"rank {rank}: stopped responding", (rank, "silent")))
+            culprits.append(_ended(rank, state) if exited(state) else Culprit(
+                rank, "silent", f"rank {rank} stopped responding (no heartbeat for {window:.1f} s)",
+                f"rank {rank}: stopped responding", (rank, "silent")))
         else:
             views[rank] = _view(rank, state)
     newest: dict[str, int] = {}

@@ -1,6 +1,8 @@
 """Whether a rank's process is gone, where this process can tell: a rank that exited without
 shutting commsched down (a crash, `os._exit`, a kill) is then reported as exited rather than as
-one that stopped responding (Note [Telling an exit from a hang]
+one that stopped responding (Note [Telling an exit from a hang]).
+
+Note [Telling an exit from a hang]
 A rank whose heartbeat stopped either exited or hangs with its heartbeat thread stuck (a process
 stopped by a debugger, a machine gone). Which one matters to the user: an exit is a crash, a
 kill or an early return to look for in that rank's output and exit code, a hang is a process to
