@@ -21,9 +21,10 @@
 # the candidates that many times, $ROUNDS rounds each (Note [Builds of the candidates] in
 # commsched/bench/overhead.py): on the H100 two identical plain optimizers settled 1.5-3% apart.
 # $GPU_CHECK_WARMUP (say, 110) sets the warm-up steps of each build: a world of one steps as the
-# plain optimizer from about iteration 80 (`horovod`) or 100 (`auto`) on (Note [A world of one
+# plain optimizer from about iteration 80 (every policy) or 100 (`auto`) on (Note [A world of one
 # steps as the plain optimizer] in commsched/runtime/passthrough.py), and the benchmark's default
-# warm-up is 30.
+# warm-up is 30. A candidate "<policy> (engine kept)" never does, and measures the runtime's own
+# cost per step (Note [The engine kept] in commsched/bench/overhead_report.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

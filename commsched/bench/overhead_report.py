@@ -13,6 +13,16 @@ from .resample import LEVEL, interval, resampled, round_series
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
+# Note [The engine kept]
+# A world of one steps as the plain optimizer once its plan settled (Note [A world of one steps
+# as the plain optimizer] in runtime/passthrough.py): what a policy's row measures there is
+# what a user of one process pays. What the runtime costs where it runs, beside peers, is no
+# longer in that row; a candidate named "<policy> (engine kept)" never passes through, so its
+# row keeps measuring the hooks, the engine's wait and the overlap runner per step (the
+# overlap policies' by default: theirs is the cost item 1 of issue 13 cut, and the one a GPU
+# with peers pays).
+KEPT = " (engine kept)"
+CANDIDATES = POLICIES + tuple(f"{p}{KEPT}" for p in ("bytescheduler", "prophet", "dear"))
 PLAIN = "plain"
 # A second plain optimizer on its own copy of the model: what it measures against the first is
 # the noise floor of the table (the machine, and each model instance's memory layout).
@@ -119,7 +129,7 @@ def targets(model: str, device: str, rows: list[dict[str, Any]], builds: int = 1
         if device == "cpu" and model in ("cnn", "transformer", "mlp"):
             limit = 1.10 if model == "mlp" else 1.03
         elif device == "cuda" and model == GPT2:
-            limit = 1.03 if row["candidate"] in SYNCHRONOUS else 1.05
+            limit = 1.03 if row["candidate"].removesuffix(KEPT) in SYNCHRONOUS else 1.05
         else:
             continue
         said = verdict(row["vs_plain"], limit, [rows[0], row], "best_median_ms",

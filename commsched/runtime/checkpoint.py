@@ -51,7 +51,7 @@ def capture(session: Session) -> dict[str, Any] | None:
         "tensors": tensor_signature(session.specs), "plan": plan_to_dict(session.plan),
         "iteration": session.iteration, "replan_at": lifecycle.replan_at,
         "credit_bytes": lifecycle.credit,
-        "runner": None if runner is None else {"active": runner.active,
+        "runner": None if runner is None else {"active": session.overlap_plan_runs,
                                                "recording": runner.recording,
                                                "order": list(runner.modules.order)},
         "auto": None,

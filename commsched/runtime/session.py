@@ -341,6 +341,8 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
             self.engine.profiler.note("step_s", update_s)
         self.clock.step_ended()
         _activity.now = ("forward", time.monotonic(), self.iteration)
+        if self._may_pass:
+            self._maybe_pass_through()
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         """The user's optimizer step under a synchronous plan, timed for the profiler and the

@@ -17,6 +17,7 @@ from torch import nn
 
 import commsched
 from commsched.bench import overhead, overhead_report
+from commsched.runtime.session import Session
 
 
 class _Slow(nn.Module):
@@ -271,6 +272,27 @@ def test_a_build_is_made_in_a_rotated_order_and_listed_in_the_usual_one() -> Non
     assert [c.name for c in candidates] == ["plain", overhead.CONTROL, "horovod"]
     # Made control first, then horovod, then plain.
     assert [made.index(c.model) for c in candidates] == [2, 0, 1]
+
+
+def test_a_candidate_with_its_engine_kept_never_steps_as_the_plain_optimizer() -> None:
+    # Note [The engine kept]: the same policy, one row passing through and one that measures
+    # the overlap runner on every step.
+    work = overhead.workload("mlp", torch.device("cpu"), 4)
+    assert work is not None
+    kept = "bytescheduler" + overhead_report.KEPT
+    assert kept in overhead_report.CANDIDATES
+    candidates = overhead.make_candidates(work, "sgd", ["bytescheduler", kept])
+    try:
+        overhead.run(candidates, work, torch.device("cpu"), warmup=110, rounds=1, steps=2,
+                     autocast=False)
+        sessions: list[Session] = [c.optimizer.session for c in candidates[2:]]  # type: ignore[attr-defined]
+        passing, engine = sessions
+        assert passing.passthrough and not passing.defers_updates
+        assert not engine.passthrough and engine.defers_updates
+        assert engine.plan.policy == passing.plan.policy == "bytescheduler"
+    finally:
+        overhead._close(candidates)
+        commsched.shutdown()
 
 
 def test_instances_below_one_are_refused() -> None:

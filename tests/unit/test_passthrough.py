@@ -1,4 +1,4 @@
-"""A world of one that has settled on a synchronous plan steps as the plain optimizer, as
+"""A world of one that has settled on its plan steps as the plain optimizer, as
 Horovod's does at size 1 (runtime/passthrough.py, Note [A world of one steps as the plain
 optimizer]): the same parameters as the plain optimizer throughout, no gradient handed over
 once it passes through, hooked again by whatever changes the passes or the plan, and never where
@@ -16,6 +16,7 @@ from torch import nn
 import commsched
 
 STEPS = 120  # horovod and mgwfbp pass through after 78 iterations, ddp after 64
+OVERLAP = ["bytescheduler", "prophet", "dear"]
 
 
 def _model() -> nn.Module:
@@ -27,7 +28,7 @@ def _pair(**kw: Any) -> tuple[nn.Module, Any, nn.Module, torch.optim.Optimizer]:
     model, twin = _model(), _model()
     opt = commsched.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        named_parameters=model.named_parameters(), **kw)
+        named_parameters=model.named_parameters(), model=model, **kw)
     return model, opt, twin, torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
 
 
@@ -55,13 +56,14 @@ def _same(model: nn.Module, twin: nn.Module) -> bool:
                                                  strict=True))
 
 
-@pytest.mark.parametrize("policy", ["horovod", "ddp", "mgwfbp"])
+@pytest.mark.parametrize("policy", ["horovod", "ddp", "mgwfbp", *OVERLAP])
 def test_a_settled_world_of_one_steps_as_the_plain_optimizer(policy: str) -> None:
     commsched.init()
     model, opt, twin, plain = _pair(policy=policy)
     first = _steps(model, opt, twin, plain, range(STEPS))
     assert first is not None and first < STEPS - 10, first
-    assert _same(model, twin)
+    assert _same(model, twin)  # an overlap plan's last update, too: made at step() now
+    assert opt.plan.policy == policy  # the plan stays (what a checkpoint or a profile shows)
     assert opt.session.iteration == STEPS  # still counted (checkpoints keep it)
     model(_batch(0)).square().sum().backward()
     assert not opt.session.pending  # no hook took the gradient: nothing was handed over
@@ -92,10 +94,40 @@ def test_no_hook_is_left_on_a_parameter_but_the_users_own() -> None:
     opt.step()
 
 
+@pytest.mark.parametrize("policy", OVERLAP)
+def test_an_overlap_plan_stands_down_and_comes_back(policy: str) -> None:
+    # Its runner's hooks go at the switch; whatever hooks the gradients again puts them back,
+    # and step() defers its update again (two passes per step keep it there), to the same
+    # parameters.
+    commsched.init()
+    model, opt, twin, plain = _pair(policy=policy)
+    assert _steps(model, opt, twin, plain, range(STEPS)) is not None
+    runner = opt.session.runner
+    assert not opt.session.defers_updates and not runner._handles
+    assert opt.state_dict()["commsched"]["runner"]["active"]  # what a restored run resumes
+    opt.set_backward_passes_per_step(2)
+    assert opt.session.defers_updates and runner._handles
+    assert _steps(model, opt, twin, plain, range(STEPS, STEPS + 5), passes=2) is None
+    assert runner.open  # the last update waits for the next forward pass
+    opt.flush()
+    assert _same(model, twin)
+    opt.set_backward_passes_per_step(1)
+    assert _steps(model, opt, twin, plain, range(STEPS, STEPS + 2)) is not None
+    opt.load_state_dict(opt.state_dict())
+    plain.load_state_dict(plain.state_dict())
+    assert opt.session.defers_updates and runner._handles
+    model(_batch(0)).square().sum().backward()
+    assert opt.session.pending  # handed over by the hook again
+    opt.step()
+    twin(_batch(0)).square().sum().backward()
+    plain.step()
+    assert _same(model, twin)
+
+
 def test_auto_passes_through_once_it_has_decided_without_trials() -> None:
     # Its synchronous plans all do the same work in a world of one: nothing to measure.
     commsched.init()
-    model, opt, twin, plain = _pair(policy="auto", model=_model())
+    model, opt, twin, plain = _pair(policy="auto")
     first = _steps(model, opt, twin, plain, range(STEPS + 30))
     assert first is not None and opt.auto is not None and opt.auto.settled
     assert "trial" not in [entry["why"] for entry in opt.auto.history]
@@ -151,12 +183,9 @@ class _Unused(nn.Module):
 
 def _never(tmp_path: pathlib.Path, case: str) -> Any:
     torch.manual_seed(0)
-    if case == "a parameter without a gradient":
-        model: nn.Module = _Unused()
-    else:
-        model = _model()
+    model: nn.Module = _Unused() if "without a gradient" in case else _model()
     kw: dict[str, Any] = {"policy": "horovod"}
-    if case == "an overlap plan":
+    if case == "an overlap plan with a parameter without a gradient":
         kw = {"policy": "bytescheduler", "model": model}
     elif case == "a timeline":
         kw["timeline"] = str(tmp_path / "timeline.json")
@@ -174,7 +203,8 @@ def _never(tmp_path: pathlib.Path, case: str) -> Any:
     return opt
 
 
-@pytest.mark.parametrize("case", ["a parameter without a gradient", "an overlap plan",
+@pytest.mark.parametrize("case", ["a parameter without a gradient",
+                                  "an overlap plan with a parameter without a gradient",
                                   "a timeline", "PowerSGD", "two passes per step"])
 def test_nothing_the_user_sees_changes_where_it_would_matter(tmp_path: pathlib.Path,
                                                              case: str) -> None:

@@ -278,7 +278,7 @@ def test_a_settled_plan_is_sampled_closely_then_rarely(policy: str) -> None:
                                          profile_steps=2)
     # The schedule of a world with peers: a world of one would step as the plain optimizer from
     # its first rare sample on (Note [A world of one steps as the plain optimizer]).
-    opt.session._may_pass = False
+    opt.session.never_pass_through()
     engine = opt.session.engine
     sampled = []
     for _ in range(SETTLED + SAMPLED_CLOSELY + 2 * SAMPLE_EVERY_LATER):
