@@ -13,7 +13,7 @@ import difflib
 import enum
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,6 +244,14 @@ def _did_you_mean(knob: Knob, value: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _unknown(what: str, name: str, known: Sequence[str], label: str = "known") -> str:
+    """An unknown knob name's error: the closest known name first when one is close
+    ('COMMSCHED_POLICYY'), then every known one."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return (f"{what}{f' (did you mean {close[0]!r}?)' if close else ''}; {label}: "
+            + ", ".join(known))
+
+
 def parse_value(knob: Knob, value: Any, source: str) -> Any:
     """Converts and range-checks one value; `source` says where it came from for the error."""
     try:
@@ -276,8 +284,8 @@ def _read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{CONFIG_ENV}={path!r}: expected a mapping of knob names to values")
     for key in data:
         if key not in KNOBS_BY_KEY:
-            raise ConfigError(f"{CONFIG_ENV}={path!r}: unknown key {key!r}; known keys: "
-                              + ", ".join(KNOBS_BY_KEY))
+            raise ConfigError(_unknown(f"{CONFIG_ENV}={path!r}: unknown key {key!r}", str(key),
+                                       list(KNOBS_BY_KEY), "known keys"))
     return data
 
 
@@ -288,13 +296,13 @@ def load_config(overrides: Mapping[str, Any] | None = None,
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key in overrides:
         if key not in KNOBS_BY_KEY:
-            raise ConfigError(f"unknown keyword argument {key!r}; known: "
-                              + ", ".join(KNOBS_BY_KEY))
+            raise ConfigError(_unknown(f"unknown keyword argument {key!r}", key,
+                                       list(KNOBS_BY_KEY)))
     known_env = {k.env for k in KNOBS} | {CONFIG_ENV}
     for name in env:
         if name.startswith(ENV_PREFIX) and name not in known_env:
-            raise ConfigError(f"unknown environment variable {name}; known: "
-                              + ", ".join(sorted(known_env)))
+            raise ConfigError(_unknown(f"unknown environment variable {name}", name,
+                                       sorted(known_env)))
     yaml_path = env.get(CONFIG_ENV, "")
     from_yaml = _read_yaml(yaml_path) if yaml_path else {}
     values: dict[str, Any] = {}

@@ -21,6 +21,12 @@ ARGS=("$@")
 echo "== 1. Unshaped loopback: communication is cheap, there is little to hide. Every policy"
 echo "==    should cost about what hvd costs (the scheduler's own work is all that differs)."
 compare env
+echo
+echo "Columns: median/p10/p90 ms of an iteration (the slowest rank's); vs hvd, vs torch-ddp: that"
+echo "median over theirs; vs bound: over max(compute alone, one all-reduce of every gradient);"
+echo "payload MB/iter: what one rank hands its collectives (dear's reduce-scatter its whole buffer,"
+echo "its all-gather only its own share, so 1.5x an all-reduce's); sent MB/iter: what it sends on"
+echo "a ring (about the same for every policy)."
 
 why=""
 if [ "$(id -u)" != 0 ]; then why="it needs root (network namespaces and tc)"

@@ -35,9 +35,10 @@ from .. import _C
 from ..plan import Plan, Stage, UpdateGroup
 from ..plan.update_groups import per_module_groups
 from ..sim.overlap import completing_blocks
+from ..world import registry
 from .clock import UpdateTimer
 from .deferred import DeferredUpdates
-from .overlap_support import ModuleProfile, hook_places
+from .overlap_support import ModuleProfile, apply_before_state_dict, hook_places
 
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
@@ -124,6 +125,9 @@ class OverlapRunner:
         self.active = False
         self._sampled = False  # whether the coming forward pass records module times
         self._set_mode(HookMode.RECORDING)
+        # Note [The last deferred update] in overlap_support.py
+        self._state_hooks = apply_before_state_dict(self._named.values(), self.finish)
+        registry.register_deferring(self)
 
     @property
     def recording(self) -> bool:
@@ -388,6 +392,7 @@ class OverlapRunner:
         self.finish()
 
     def remove(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles + self._state_hooks:
             handle.remove()
-        self._handles = []
+        self._handles, self._state_hooks = [], []
+        registry.unregister_deferring(self)

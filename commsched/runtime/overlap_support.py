@@ -1,15 +1,16 @@
 """What the overlap runner stands on besides its plan: the forward order and each module's
 forward time, recorded by module hooks (the profiling steps, then sampled iterations), which
-modules' pre-hooks apply which update groups, and whether a wrapped optimizer and model can run
-an overlap plan at all."""
+modules' pre-hooks apply which update groups, what reads the model whole before its deferred
+updates are applied, and whether a wrapped optimizer and model can run an overlap plan at all."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..plan import UpdateGroup
 from .profiler import KEEP_ITERATIONS
@@ -114,6 +115,27 @@ def hook_places(groups: Sequence[UpdateGroup], first_user: dict[int, str], order
             if index not in places.get(name, []):
                 places.setdefault(name, []).append(index)
     return places
+
+
+# Note [The last deferred update]
+# An overlap plan leaves each step()'s update to the next forward pass, so after the last
+# step() of a training loop one update is still pending. The forward pass of an evaluation
+# applies it (the pre-hooks run under no_grad as well), and flush() applies it anywhere; but a
+# loop that ends with torch.save(model.state_dict()) would save the parameters one update short,
+# beside an optimizer state that counts it (optimizer.state_dict() flushes, but after the model
+# was read), and commsched.shutdown() would drop it. So the runner applies what it holds
+# before any of the model's modules hands out its state_dict, and shutdown() applies what every
+# runner holds before it stops the engines (world/registry.py). Both wait only for collectives
+# every rank launched at step(), so one rank may do it alone (rank 0 saving the model): its
+# peers apply theirs in their next forward pass, to the same parameters. A module's
+# load_state_dict() has no public pre-hook on the oldest torch supported (2.4): loading a
+# model's weights mid-run calls flush() first.
+def apply_before_state_dict(modules: Iterable[nn.Module], apply: Callable[[], None]) -> list[Any]:
+    """State-dict pre-hooks on `modules` that call `apply` first (Note [The last deferred
+    update]); their handles."""
+    def before(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        apply()
+    return [module.register_state_dict_pre_hook(before) for module in modules]
 
 
 def overlap_possible(model: Any, base_cls: type) -> bool:

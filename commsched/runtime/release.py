@@ -16,19 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from .engine import EngineHandle
+from .overlap import OverlapRunner
 from .sparse import SparseExchange
 
 
 @dataclass
 class Resources:
     """What a session holds that outlives it unless released: the engine (its threads and
-    group), the sparse route's group and the gradient hooks; and the thread that may release
-    them. Nothing here refers to the session or the optimizer."""
+    group), the sparse route's group, the gradient hooks and the overlap runner's module hooks
+    (which would otherwise wait for the stopped engine in the model's next forward pass or
+    state_dict()); and the thread that may release them. Nothing here refers to the session or
+    the optimizer."""
 
     engine: EngineHandle | None  # None until the session binds (Note [Elastic Horovod])
     sparse: SparseExchange | None
     hooks: list[Any]
     owner: int
+    runner: OverlapRunner | None = None
 
 
 _orphans: list[Resources] = []  # collected in another thread, released by the next wrap
@@ -41,6 +45,8 @@ def release(resources: Resources) -> None:
     for handle in resources.hooks:
         handle.remove()
     resources.hooks.clear()
+    if resources.runner is not None:
+        resources.runner.remove()
     if resources.engine is not None:
         resources.engine.shutdown()
     if resources.sparse is not None:

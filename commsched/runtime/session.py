@@ -143,7 +143,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
         self._mark_ready = self.engine.mark_ready
         if self.intake is not None:  # an elastic job's (re)bind: gradients go to the new engine
             self.intake.set_engine(self.engine.native)
-        self.runner = self._make_runner(self._base_cls)
+        self.runner = self._resources.runner = self._make_runner(self._base_cls)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / self.world.size if options.op is ReduceOp.AVERAGE else 1.0
         self._lossy_scale = postscale / options.predivide  # the engine's pre- x post-scale
@@ -398,8 +398,6 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
         are dropped (call flush() first to keep them): close() also serves after a failed
         collective, when nothing can be waited for any more."""
         self._resources.owner = threading.get_ident()  # an explicit call releases at once
-        self._release()
-        if self.runner is not None:
-            self.runner.remove()
+        self._release()  # the runner's module hooks too
 
 

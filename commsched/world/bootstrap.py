@@ -103,6 +103,7 @@ class World:
 
 
 _world: World | None = None
+_shut_down = False  # whether the last world ended in shutdown(), for world()'s message
 _generation = 0  # worlds formed by this process so far (see Note [Elastic Horovod])
 
 
@@ -270,6 +271,9 @@ def _start_liveness(w: World, stall_warning: float | None) -> None:
 
 def world() -> World:
     if _world is None:
+        if _shut_down:
+            raise RuntimeError("commsched was shut down (commsched.shutdown()): call "
+                               "commsched.init() to start it again")
         raise RuntimeError("commsched is not initialised: call commsched.init() first")
     return _world
 
@@ -279,8 +283,11 @@ def is_initialized() -> bool:
 
 
 def shutdown() -> None:
-    """Stops every engine and tears down the process group commsched created."""
-    global _world
+    """Applies the updates overlap plans still defer (Note [The last deferred update] in
+    runtime/overlap_support.py), stops every engine and tears down the process group commsched
+    created."""
+    global _world, _shut_down
+    registry.apply_deferred()
     registry.shutdown_all()
     groups.forget()
     if _world is None:
@@ -298,6 +305,7 @@ def shutdown() -> None:
 
         hvd.shutdown()
     _world = None
+    _shut_down = True
 
 
 # Note [Elastic Horovod]

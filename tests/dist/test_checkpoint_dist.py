@@ -37,8 +37,10 @@ def _train(policy: str, path: str, resume: bool) -> dict:
         opt.load_state_dict(state["optimizer"])
         out["saved"] = state["optimizer"]["commsched"]["plan"]["fingerprint"]
     for step in range(K if resume else 0, K + M):
-        if step == K and not resume:  # state_dict() flushes pending overlap updates first
-            state = {"optimizer": opt.state_dict(), "model": model.state_dict()}
+        if step == K and not resume:
+            # The model first, as loops do: its state_dict() applies the pending overlap update
+            # (Note [The last deferred update] in runtime/overlap_support.py).
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
             torch.save(state, path.format(rank=rank))
             out["saved"] = state["optimizer"]["commsched"]["plan"]["fingerprint"]
         gen = torch.Generator().manual_seed(100 * step + rank)
@@ -102,3 +104,41 @@ def _broadcast_resume() -> dict:
 def test_rank0_load_then_broadcast_restores_every_rank() -> None:
     for out in distributed_test(_broadcast_resume, 2, timeout=90).values():
         assert out["restored"] == (K, out["saved"]) and out["iteration"] == K + 2, out
+
+
+def _last_update(steps: int) -> dict:
+    """The same training under horovod and under dear, the latter ended by shutdown() alone."""
+    import commsched
+
+    rank = commsched.init().rank
+    out: dict = {}
+    for policy in ("horovod", "dear"):
+        model = _model()
+        opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                             named_parameters=model.named_parameters(),
+                                             model=model, policy=policy,
+                                             profile_steps=PROFILE_STEPS)
+        for step in range(steps):
+            gen = torch.Generator().manual_seed(100 * step + rank)
+            opt.zero_grad()
+            nn.functional.mse_loss(model(torch.randn(8, 10, generator=gen)),
+                                   torch.randn(8, 2, generator=gen)).backward()
+            opt.step()
+        out[f"{policy} before"] = [p.detach().clone() for p in model.parameters()]
+        if policy == "horovod":
+            opt.session.close()
+    commsched.shutdown()
+    out["dear after shutdown"] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
+def test_shutdown_applies_the_update_an_overlap_plan_still_defers() -> None:
+    # Note [The last deferred update]: a loop that stops after its last step() and shuts down
+    # has the parameters of that step, not those of the one before.
+    results = distributed_test(_last_update, 2, timeout=120, args=(PROFILE_STEPS + 14,))
+    for rank, out in results.items():
+        synchronous = out["horovod before"]
+        pending = out["dear before"]
+        assert not all(torch.equal(a, b) for a, b in zip(pending, synchronous, strict=True))
+        for a, b in zip(out["dear after shutdown"], synchronous, strict=True):
+            assert torch.allclose(a, b, rtol=0, atol=1e-6), (rank, float((a - b).abs().max()))

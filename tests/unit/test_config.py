@@ -54,16 +54,20 @@ def test_bad_values_name_variable_value_and_allowed(var: str, value: str, fragme
 
 
 def test_unknown_variable_and_keyword_are_errors() -> None:
-    with pytest.raises(ConfigError, match="COMMSCHED_FUSION_TRESHOLD"):
+    with pytest.raises(ConfigError, match="COMMSCHED_FUSION_TRESHOLD .did you mean "
+                                          "'COMMSCHED_FUSION_THRESHOLD'"):
         load_config(environ={"COMMSCHED_FUSION_TRESHOLD": "1"})
-    with pytest.raises(ConfigError, match="unknown keyword argument 'bucket'"):
+    with pytest.raises(ConfigError, match="unknown keyword argument 'bucket' .did you mean "
+                                          "'bucket_bytes'.*; known: policy"):
         load_config({"bucket": 3}, environ={})
+    with pytest.raises(ConfigError, match="unknown keyword argument 'zzz'; known: policy"):
+        load_config({"zzz": 3}, environ={})  # nothing close: no guess
 
 
 def test_yaml_errors(tmp_path) -> None:
     bad_key = tmp_path / "a.yaml"
     bad_key.write_text("polcy: ddp\n")
-    with pytest.raises(ConfigError, match="unknown key 'polcy'"):
+    with pytest.raises(ConfigError, match="unknown key 'polcy' .did you mean 'policy'"):
         load_config(environ={"COMMSCHED_CONFIG": str(bad_key)})
     bad_value = tmp_path / "b.yaml"
     bad_value.write_text("timeout: [1, 2]\n")

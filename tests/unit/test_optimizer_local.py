@@ -34,6 +34,15 @@ def test_lone_process_world() -> None:
     assert commsched.size() == 1 and commsched.rank() == 0 and commsched.local_rank() == 0
 
 
+def test_asking_for_the_world_after_shutdown_says_it_was_shut_down() -> None:
+    commsched.init()
+    commsched.shutdown()
+    with pytest.raises(RuntimeError, match=r"was shut down \(commsched.shutdown\(\)\)"):
+        commsched.rank()
+    commsched.init()
+    assert commsched.rank() == 0
+
+
 def test_wrapped_is_still_the_users_optimizer_class(model) -> None:
     opt = wrap(model)
     assert isinstance(opt, torch.optim.SGD)
