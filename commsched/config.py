@@ -236,20 +236,23 @@ def _convert(knob: Knob, value: Any) -> Any:
     return number
 
 
+def _closest(word: str, options: Sequence[str]) -> str:
+    """' (did you mean ...?)' naming the option closest to a misspelt `word`, if one is close."""
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _did_you_mean(knob: Knob, value: Any) -> str:
     """The closest choice to a misspelt one ('bytesheduler'), if one is close."""
     if knob.kind is not Kind.CHOICE:
         return ""
-    close = difflib.get_close_matches(str(value).strip().lower(), knob.choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return _closest(str(value).strip().lower(), knob.choices)
 
 
 def _unknown(what: str, name: str, known: Sequence[str], label: str = "known") -> str:
     """An unknown knob name's error: the closest known name first when one is close
     ('COMMSCHED_POLICYY'), then every known one."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return (f"{what}{f' (did you mean {close[0]!r}?)' if close else ''}; {label}: "
-            + ", ".join(known))
+    return f"{what}{_closest(name, known)}; {label}: " + ", ".join(known)
 
 
 def parse_value(knob: Knob, value: Any, source: str) -> Any:
