@@ -107,8 +107,8 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
 
 # At most this many steps beyond --warmup while `auto` is still measuring (its choice's and its
 # re-plan's checks take 20 steps each; the trials of two runners-up, two synchronous baselines,
-# a knob setting's twin and the choice 6 x 6 x 10; the kept plan's refinement 10): a cap, so
-# that a bug cannot make a benchmark run forever.
+# a knob setting's twin and the choice 6 x 6 x 10; each window one untimed step more; the kept
+# plan's refinement 10: 448 in all): a cap, so that a bug cannot make a benchmark run forever.
 MAX_SETTLING_STEPS = 480
 
 

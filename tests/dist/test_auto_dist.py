@@ -11,7 +11,7 @@ import torch
 from helpers import distributed_test
 from torch import nn
 
-from commsched.runtime.auto import CHECK_STEPS
+from commsched.runtime.auto import CHECK_STEPS, UNTIMED_STEPS
 from commsched.runtime.auto_trials import (
     CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
@@ -24,8 +24,9 @@ from commsched.runtime.auto_trials import (
 
 # Profiling, the re-plan step, the measured windows (the choice, the one re-plan's choice, and
 # the interleaved trial windows of two runners-up, two synchronous baselines and a knob
-# setting's twin), and a few more.
-STEPS = 3 + 1 + 2 * CHECK_STEPS + 6 * TRIAL_ROUNDS * TRIAL_STEPS + 2
+# setting's twin), each after its untimed first step, and a few more.
+STEPS = (3 + 1 + 2 * (UNTIMED_STEPS + CHECK_STEPS)
+         + 6 * TRIAL_ROUNDS * (UNTIMED_STEPS + TRIAL_STEPS) + 2)
 
 
 def _model() -> nn.Module:

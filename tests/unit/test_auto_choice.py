@@ -193,8 +193,8 @@ def _run_windows(state: AutoState, seconds_of: dict[str, list[float]]) -> list[V
         assert state.chosen is not None
         choice = state.history[-1]["why"] == "choice"
         assert state.window == (CHECK_STEPS if choice else TRIAL_STEPS)
-        for _ in range(state.window):
-            state.record(1.0)
+        while not state.record(1.0):
+            pass
         verdicts.append(state.conclude(seconds_of[state.chosen.policy.value].pop(0)))
     return verdicts
 
@@ -221,6 +221,19 @@ def test_auto_measures_its_runners_up_interleaved_and_keeps_the_fastest() -> Non
     assert state.chosen is not None and state.chosen.policy.value == "dear"
     assert not state.deciding and state.measured_s == 0.443
     assert state.history[2]["predicted_s"] == 0.456  # each window carries its own prediction
+
+
+def test_every_window_leaves_its_first_step_untimed() -> None:
+    """Note [A window's first step pays for no traffic]: the step after an install is left out
+    of the window, whichever plan it installed, and the window still counts its steps in full."""
+    state = _state(("bytescheduler", 0.454), ("horovod", 0.46))
+    for window in (CHECK_STEPS, TRIAL_STEPS):
+        assert state.record(0.001) is False  # the untimed step, however fast
+        timed = [state.record(0.5) for _ in range(window)]
+        assert timed == [False] * (window - 1) + [True]
+        assert state.local_median() == 0.5 and 0.001 not in state.periods
+        state.conclude(0.5)
+    assert state.windows == {1: [0.5]}  # the check, then horovod's first trial window
 
 
 def test_the_choices_check_is_not_one_of_its_trial_windows() -> None:
@@ -298,8 +311,8 @@ def test_the_trials_measure_plans_made_again_from_the_choices_window() -> None:
     measure (not the candidates left out) get the plan the lifecycle made again for them."""
     state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509),
                    ("horovod", 0.90), ("mgwfbp", 0.95))
-    for _ in range(state.window):
-        state.record(1.0)
+    while not state.record(1.0):
+        pass
     assert state.conclude(0.46) is Verdict.TRIALS
     assert state.trial_candidates() == [0, 1, 2, 3]  # mgwfbp is not a close call
     again = {index: Plan(state.choices[index].policy.value, ()) for index in (0, 1, 2, 3)}
