@@ -9,20 +9,25 @@ set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 OUT="${OUT:-benchmarks/overhead}"
-# 40 rounds: each candidate's figure is its best round, and with 24 (nine candidates) the CNN's
-# bytescheduler read 1.031x plain in one run, and 1.005x in a 40-round run of the same code
-# (bytescheduler, horovod and prophet beside the two plain optimizers).
-ROUNDS="${ROUNDS:-40}"
+# 4 builds of every candidate, 10 rounds each (Note [Builds of the candidates] in
+# commsched/bench/overhead.py): past its warm-up every policy runs the user's optimizer passed
+# through, so with one build the candidates differ only by where each copy of the model landed
+# in memory: 3.0% (CNN) and 3.7% (Transformer) between six policies running identical code, and
+# `auto` read 1.030x and 1.033x "the fastest policy", the luckiest copy. With 4 builds the CNN's
+# policies read 1.001-1.007x plain and `auto` 1.003x the fastest (benchmarks/overhead/
+# cnn_builds_cpu/). 40 rounds in all, as many as the one-build runs had.
+INSTANCES="${INSTANCES:-4}"
+ROUNDS="${ROUNDS:-10}"
 # 110 warm-up steps: a world of one steps as the plain optimizer from about iteration 80 (every
 # policy) or 100 (`auto`) on (Note [A world of one steps as the plain optimizer] in
 # commsched/runtime/passthrough.py), so every timed round measures what a user gets from then on.
 WARMUP="${WARMUP:-110}"
 export OVERHEAD_COMMAND="scripts/bench_overhead.sh"
-.venv/bin/python -m commsched.bench.overhead --device cpu --rounds "$ROUNDS" --warmup "$WARMUP" \
-  --out "$OUT/cpu"
+.venv/bin/python -m commsched.bench.overhead --device cpu --instances "$INSTANCES" --rounds "$ROUNDS" \
+  --warmup "$WARMUP" --out "$OUT/cpu"
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  .venv/bin/python -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
-    --warmup "$WARMUP" --out "$OUT/gpu"
+  .venv/bin/python -m commsched.bench.overhead --device cuda --free-running --instances "$INSTANCES" \
+    --rounds "$ROUNDS" --warmup "$WARMUP" --out "$OUT/gpu"
 else
   echo "bench_overhead: no GPU here (torch.cuda.is_available() is false): GPU part not run" >&2
 fi

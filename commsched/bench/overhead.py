@@ -261,8 +261,12 @@ Timings = tuple[list[list[float]], list[list[float]], list[float]]
 # `--instances 1 --rounds 24` against `--instances 4 --rounds 6`, on the code before the
 # rotation; benchmarks/overhead/builds_cpu/) put the control 0.72% from 1.000 on average (at
 # most 1.8%) with one build and 0.53% (at most 1.4%) with four: a small gain, not a settled one.
-# The option is for a machine whose copies differ more (the H100's 1.5-3%); the default stays
-# one build.
+# The gain is larger where the figure is a minimum over candidates: past warm-up every policy
+# in a world of one runs the same code, so "the fastest policy" is the luckiest of its copies,
+# and with one build `auto` read 1.030x (CNN) and 1.033x (Transformer) that luckiest copy, with
+# four 1.000x and 1.003x (CNN; benchmarks/overhead/cnn_builds_cpu/). scripts/bench_overhead.sh
+# therefore runs four builds of 10 rounds; this module's default stays one build, for a quick
+# look.
 def measure_builds(work: Workload, device: torch.device, args: argparse.Namespace,
                    autocast: bool, built: Callable[[int, list[dict[str, Any]], int], None]
                    = lambda steps, rows, builds: None) -> tuple[int, list[dict[str, Any]]]:
