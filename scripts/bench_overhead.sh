@@ -15,7 +15,9 @@ OUT="${OUT:-benchmarks/overhead}"
 # in memory: 3.0% (CNN) and 3.7% (Transformer) between six policies running identical code, and
 # `auto` read 1.030x and 1.033x "the fastest policy", the luckiest copy. With 4 builds the CNN's
 # policies read 1.001-1.007x plain and `auto` 1.003x the fastest (benchmarks/overhead/
-# cnn_builds_cpu/). 40 rounds in all, as many as the one-build runs had.
+# cnn_builds_cpu/). 40 rounds in all, as many as the one-build runs had. The fastest of six
+# copies stays biased low even so, and the report prints beside `auto` what the control reads
+# by the same figure (Note [What no commsched code reads against the fastest policy]).
 INSTANCES="${INSTANCES:-4}"
 ROUNDS="${ROUNDS:-10}"
 # 110 warm-up steps: a world of one steps as the plain optimizer from about iteration 80 (every

@@ -3,7 +3,11 @@ own code (cProfile's call counts): a measure of the per-iteration bookkeeping th
 timing, does not move with the machine's noise. Not a speed claim: the overhead benchmark
 (scripts/bench_overhead.sh) is that.
 
-    .venv/bin/python scripts/python_calls.py [--models mlp transformer] [--policies ...] [-v]
+    .venv/bin/python scripts/python_calls.py [--models mlp transformer] [--policies ...]
+        [--warmup N] [-v]
+
+With `--warmup 110` it counts past the iteration where a world of one steps as the plain
+optimizer (about 80 for every policy, 100 for `auto`), the state the overhead benchmark times.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from commsched.bench.models import ModelName, batch, build, loss_fn
 WARMUP, MEASURED = 40, 40  # past the profiling steps of every policy (default profile_steps)
 
 
-def calls_per_iteration(model_name: ModelName, policy: str) -> tuple[float, float, pstats.Stats]:
+def calls_per_iteration(model_name: ModelName, policy: str,
+                        warmup: int = WARMUP) -> tuple[float, float, pstats.Stats]:
     torch.manual_seed(0)
     model = build(model_name)
     opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -34,7 +39,7 @@ def calls_per_iteration(model_name: ModelName, policy: str) -> tuple[float, floa
         loss_fn(model_name, model(x), y).backward()
         opt.step()
 
-    for _ in range(WARMUP):
+    for _ in range(warmup):
         iteration()
     profile = cProfile.Profile()
     profile.enable()
@@ -57,6 +62,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mlp", "transformer"])
     parser.add_argument("--policies", nargs="+",
                         default=["plain", "horovod", "bytescheduler", "dear"])
+    parser.add_argument("--warmup", type=int, default=WARMUP,
+                        help=f"iterations before counting (default {WARMUP})")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="list commsched's functions by calls per iteration")
     args = parser.parse_args()
@@ -65,7 +72,7 @@ def main() -> None:
     print("|---|---|---:|---:|")
     for name in args.models:
         for policy in args.policies:
-            total, ours, stats = calls_per_iteration(ModelName(name), policy)
+            total, ours, stats = calls_per_iteration(ModelName(name), policy, args.warmup)
             print(f"| {name} | {policy} | {total:.0f} | {ours:.1f} |")
             if args.verbose:
                 counts = stats.stats  # type: ignore[attr-defined]

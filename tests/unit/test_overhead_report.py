@@ -82,6 +82,22 @@ def test_auto_is_held_to_the_fastest_policy_of_each_draw() -> None:
                     "MISSED; 90% of resampled rounds 1.010-1.036x: the rounds cannot tell")
 
 
+def test_the_control_is_held_to_autos_figure_beside_it() -> None:
+    # Note [What no commsched code reads against the fastest policy]: the control, slower in
+    # every round by one factor, reads that factor against the fastest policy, next to auto.
+    rows = [_row("plain", PLAIN_ROUNDS), _row(CONTROL, _scaled(1.025)),
+            _row("horovod", _scaled(1.0)), _row("auto", _scaled(1.01))]
+    lines = [line for line in overhead_report.targets("cnn", "cpu", rows) if "fastest" in line]
+    assert lines == [
+        "cnn auto, per step: 1.010x the fastest policy (horovod) (target <= 1.02x) met; "
+        "90% of resampled rounds 1.010-1.010x",
+        "cnn control against the fastest policy, per step: 1.025x (what a candidate running no "
+        "commsched code reads by auto's figure; 90% of resampled rounds 1.025-1.025x)"]
+    without_auto = [row for row in rows if row["candidate"] != "auto"]
+    assert not [line for line in overhead_report.targets("cnn", "cpu", without_auto)
+                if "fastest" in line]
+
+
 def test_the_free_running_clock_is_resampled_from_its_own_rounds() -> None:
     rows = [_row("plain", PLAIN_ROUNDS, free=PLAIN_ROUNDS),
             _row("horovod", _scaled(1.0), free=_scaled(1.0)),
