@@ -36,6 +36,11 @@ def _target_line(rows: list[dict[str, object]], name: str, device: str = "cpu",
                 if line.startswith(f"{model} {name}:"))
 
 
+def _fastest_lines(rows: list[dict[str, object]], model: str = "cnn",
+                   device: str = "cpu") -> list[str]:
+    return [line for line in overhead_report.targets(model, device, rows) if "fastest" in line]
+
+
 def test_a_candidate_slower_in_every_round_by_one_factor_reads_that_factor_throughout() -> None:
     rows = [_row("plain", PLAIN_ROUNDS), _row("horovod", _scaled(1.01)),
             _row("dear", _scaled(1.2))]
@@ -87,23 +92,20 @@ def test_the_control_is_held_to_autos_figure_beside_it() -> None:
     # every round by one factor, reads that factor against the fastest policy, next to auto.
     rows = [_row("plain", PLAIN_ROUNDS), _row(CONTROL, _scaled(1.025)),
             _row("horovod", _scaled(1.0)), _row("auto", _scaled(1.01))]
-    lines = [line for line in overhead_report.targets("cnn", "cpu", rows) if "fastest" in line]
-    assert lines == [
+    assert _fastest_lines(rows) == [
         "cnn auto, per step: 1.010x the fastest policy (horovod) (target <= 1.02x) met; "
         "90% of resampled rounds 1.010-1.010x",
         "cnn control against the fastest policy, per step: 1.025x (what a candidate running no "
         "commsched code reads by auto's figure; 90% of resampled rounds 1.025-1.025x)"]
     without_auto = [row for row in rows if row["candidate"] != "auto"]
-    assert not [line for line in overhead_report.targets("cnn", "cpu", without_auto)
-                if "fastest" in line]
+    assert _fastest_lines(without_auto) == []
 
 
 def test_the_free_running_clock_is_resampled_from_its_own_rounds() -> None:
     rows = [_row("plain", PLAIN_ROUNDS, free=PLAIN_ROUNDS),
             _row("horovod", _scaled(1.0), free=_scaled(1.0)),
             _row("auto", _scaled(1.0), free=_scaled(1.3))]
-    lines = [line for line in overhead_report.targets("gpt2", "cuda", rows) if "fastest" in line]
-    assert lines == [
+    assert _fastest_lines(rows, "gpt2", "cuda") == [
         "gpt2 auto, synchronised per step: 1.000x the fastest policy (horovod) (target <= 1.02x) "
         "met; 90% of resampled rounds 1.000-1.000x",
         "gpt2 auto, free-running: 1.300x the fastest policy (horovod) (target <= 1.02x) "
