@@ -53,13 +53,17 @@ def verdict(ratio: float, limit: float, rows: list[dict[str, Any]], key: str,
         return said
     low, high = spread
     settled = high <= limit or low > limit
-    return (f"{said}; {LEVEL:.0%} of {_resampled(builds)} {low:.3f}-{high:.3f}x"
-            + ("" if settled else ": the rounds cannot tell"))
+    return f"{said}; {_covered(spread, builds)}" + ("" if settled else ": the rounds cannot tell")
 
 
 def _resampled(builds: int) -> str:
     """What a draw picked (Note [Resampling builds] in resample.py)."""
     return "resampled rounds" if builds == 1 else "resampled builds and rounds"
+
+
+def _covered(spread: tuple[float, float], builds: int) -> str:
+    """A ratio's interval over the resampled rounds, as every verdict prints it."""
+    return f"{LEVEL:.0%} of {_resampled(builds)} {spread[0]:.3f}-{spread[1]:.3f}x"
 
 
 def resampled_interval(rows: list[dict[str, Any]], key: str,
@@ -129,8 +133,7 @@ def control_against_fastest(model: str, rows: list[dict[str, Any]], key: str, cl
     ratio = control[key] / fastest[key]
     return (f"{model} control against the fastest policy, {clock}: {ratio:.3f}x"
             " (what a candidate running no commsched code reads by auto's figure"
-            + ("" if spread is None else
-               f"; {LEVEL:.0%} of {_resampled(builds)} {spread[0]:.3f}-{spread[1]:.3f}x") + ")")
+            + ("" if spread is None else f"; {_covered(spread, builds)}") + ")")
 
 
 def _difference_of(name: str, reference: str) -> Callable[[dict[str, float]], float]:
@@ -217,9 +220,8 @@ def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, s
             continue
         spread = resampled_interval([rows[0], control], key,
                                     _ratio_of(CONTROL, rows[0]["candidate"]), builds)
-        readings.append(f"{control[ratio]:.3f}x {clock}" + (
-            "" if spread is None else f" ({LEVEL:.0%} of {_resampled(builds)} "
-                                      f"{spread[0]:.3f}-{spread[1]:.3f}x)"))
+        readings.append(f"{control[ratio]:.3f}x {clock}"
+                        + ("" if spread is None else f" ({_covered(spread, builds)})"))
     return (f"{model} noise: the control, a second plain optimizer (ideally 1.000x), read "
             + ", ".join(readings))
 
