@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from commsched.config import Policy
 from commsched.plan import Block, Collective, Piece, Plan, Stage
-from commsched.runtime.auto import CHECK_STEPS, AutoState, Verdict
+from commsched.runtime.auto import CHECK_STEPS, UNTIMED_STEPS, AutoState, Verdict
 from commsched.runtime.auto_trials import (
     CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
@@ -186,6 +186,12 @@ def _state(*entries: tuple[str, float], trials: int = 2) -> AutoState:
     return state
 
 
+def _fill_window(state: AutoState) -> None:
+    """Records 1 s steps until the window is full: its untimed first steps, then its own."""
+    said = [state.record(1.0) for _ in range(UNTIMED_STEPS + state.window)]
+    assert said == [False] * (len(said) - 1) + [True]
+
+
 def _run_windows(state: AutoState, seconds_of: dict[str, list[float]]) -> list[Verdict]:
     """Concludes every window with the next figure of the installed plan's policy."""
     verdicts = []
@@ -193,8 +199,7 @@ def _run_windows(state: AutoState, seconds_of: dict[str, list[float]]) -> list[V
         assert state.chosen is not None
         choice = state.history[-1]["why"] == "choice"
         assert state.window == (CHECK_STEPS if choice else TRIAL_STEPS)
-        while not state.record(1.0):
-            pass
+        _fill_window(state)
         verdicts.append(state.conclude(seconds_of[state.chosen.policy.value].pop(0)))
     return verdicts
 
@@ -311,8 +316,7 @@ def test_the_trials_measure_plans_made_again_from_the_choices_window() -> None:
     measure (not the candidates left out) get the plan the lifecycle made again for them."""
     state = _state(("bytescheduler", 0.454), ("prophet", 0.456), ("dear", 0.509),
                    ("horovod", 0.90), ("mgwfbp", 0.95))
-    while not state.record(1.0):
-        pass
+    _fill_window(state)
     assert state.conclude(0.46) is Verdict.TRIALS
     assert state.trial_candidates() == [0, 1, 2, 3]  # mgwfbp is not a close call
     again = {index: Plan(state.choices[index].policy.value, ()) for index in (0, 1, 2, 3)}
