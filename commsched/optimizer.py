@@ -26,11 +26,17 @@ from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
 from .runtime.session import Session
 from .runtime.wrap import WrapOptions
+from .torch_compat import unscale_grads_
 
 _STEP_AFTER_SYNCHRONIZE = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
     "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
     "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
+_UNSCALE_BEFORE_SYNCHRONIZE = (
+    "commsched: scaler.unscale_(optimizer) read the gradients before they were averaged across "
+    "ranks. Call optimizer.synchronize() before scaler.unscale_(optimizer), then "
+    "scaler.step(optimizer) inside `with optimizer.skip_synchronize():` (Horovod's recipe), or "
+    "call scaler.step(optimizer) without unscale_() (DDP's recipe).")
 _ZERO_GRAD_PENDING = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
@@ -42,10 +48,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     session: Session
 
-    def _cs_setup(self, session: Session) -> None:
+    def _cs_setup(self, session: Session, native_amp_scaling: bool) -> None:
         self.session = session
         self._cs_should_synchronize = True
         self._cs_synchronized = False
+        # Note [GradScaler asks before it unscales]: whether the last synchronize() was the
+        # scaler's, and whether the user's optimizer unscales by itself (fused Adam).
+        self._cs_synchronized_for_scaler = False
+        self._cs_native_amp_scaling = native_amp_scaling
         # Note [zero_grad after a deferred step]
         self._cs_torch_zero_grad = session.base_cls.zero_grad is torch.optim.Optimizer.zero_grad
 
@@ -77,6 +87,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
         self.session.synchronize()
         self._cs_synchronized = True
+        self._cs_synchronized_for_scaler = False
+
+    # Note [GradScaler asks before it unscales]
+    # torch.amp.GradScaler.step(opt) first asks `opt._step_supports_amp_scaling`, before it
+    # reads any gradient. Answering True makes the scaler check for inf/NaN itself and then
+    # call step() with `grad_scale` and `found_inf` set on the optimizer, even when it found
+    # an overflow; answering False would make it unscale and check the gradients itself, and
+    # not call step() at all after an overflow. So the question is where the wrapper makes the
+    # gradients final: it reduces them (synchronize()) before answering, and the scaler's check
+    # then reads the averaged gradients, identical on every rank, as it does under DDP. An
+    # overflow on one rank is an overflow on all (inf and NaN survive the average), every rank
+    # skips the same step, and step() ends the iteration either way, so nothing is left
+    # pending. Under an overlap plan the update is then made at step(): whether to skip it
+    # needs every gradient. Horovod's recipe (synchronize(), scaler.unscale_(opt), then
+    # scaler.step(opt) inside skip_synchronize()) reaches step() the same way. What cannot be
+    # honoured is scaler.unscale_(opt) before the gradients are reduced: the scaler would read
+    # (and rescale in place) gradients the engine is still reducing; step() raises then.
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        if self._cs_should_synchronize and not self._cs_synchronized:
+            self.synchronize()
+            self._cs_synchronized_for_scaler = True
+        return True
+
+    def _cs_scaled_step(self, closure: Any) -> Any:
+        """step() called by GradScaler (Note [GradScaler asks before it unscales])."""
+        session = self.session
+        attributes = vars(self)  # GradScaler's, for this call only
+        grad_scale: torch.Tensor | None = attributes["grad_scale"]
+        found_inf: torch.Tensor = attributes["found_inf"]
+        if grad_scale is None and self._cs_synchronized_for_scaler:
+            self._cs_synchronized = False
+            raise RuntimeError(_UNSCALE_BEFORE_SYNCHRONIZE)
+        if self._cs_should_synchronize and self._cs_synchronized \
+                and not self._cs_synchronized_for_scaler:
+            warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=3)
+        self._cs_synchronized = False
+        if found_inf.item():  # as DDP's GradScaler does: every rank reads the same flag
+            session.skip_update()
+            return None
+        if self._cs_native_amp_scaling:  # the fused step reads grad_scale and found_inf
+            return session.update(lambda: session.deferred.base_step(self, closure), closure)
+        if grad_scale is not None:
+            unscale_grads_([p for group in self.param_groups for p in group["params"]],
+                           grad_scale)
+        # torch's other optimizers refuse a step that has them set; the scaler deletes them
+        # after this call returns.
+        del attributes["grad_scale"], attributes["found_inf"]
+        try:
+            return session.update(lambda: session.deferred.base_step(self, closure), closure)
+        finally:
+            attributes.update(grad_scale=grad_scale, found_inf=found_inf)
 
     def flush(self) -> None:
         """Applies every update still pending from cross-iteration overlap; a training loop
@@ -93,6 +155,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._cs_should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
+        if "found_inf" in vars(self):  # GradScaler set it for this call
+            return self._cs_scaled_step(closure)
         session = self.session
         if session.passthrough and self._cs_should_synchronize and not self._cs_synchronized:
             # Note [A world of one steps as the plain optimizer]: what synchronize() and
@@ -207,5 +271,7 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     options = WrapOptions(cast, backward_passes_per_step, reduce_op,
                           float(gradient_predivide_factor), group_of, sparse_as_dense, model,
                           lossy=lossy, process_set=process_set)
-    wrapped._cs_setup(Session(wrapped, optimizer.__class__, named, options, config))
+    native_amp_scaling = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    wrapped._cs_setup(Session(wrapped, optimizer.__class__, named, options, config),
+                      native_amp_scaling)
     return wrapped

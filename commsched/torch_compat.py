@@ -12,6 +12,10 @@ Differences bridged here (torch version that changed it):
 * every version: torch wraps each optimizer class's ``step`` in a function that opens a profiler
   range and runs the step hooks, marked ``hooked`` with the original as ``__wrapped__``:
   `unhooked_step` (a call from inside an already wrapped ``step`` must not run them again).
+* 2.0 on: ``GradScaler.step`` hands an optimizer that claims ``_step_supports_amp_scaling``
+  its scale and overflow flag as the attributes ``grad_scale`` and ``found_inf`` (the older
+  ``grad_scaler=`` keyword is deprecated): `unscale_grads_` unscales as the scaler's own
+  ``unscale_`` does, bit for bit.
 * 2.11: Gloo's worker threads are named ``pt_gloo_runloop``; before, they carry the name of the
   thread that imported torch: `GLOO_WORKER_THREAD_NAME`.
 
@@ -99,3 +103,25 @@ def all_gather_single(output: torch.Tensor, tensor: torch.Tensor, group: Any) ->
 
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(output, tensor, group=group)
+
+
+def unscale_grads_(params: list[torch.Tensor], grad_scale: torch.Tensor) -> None:
+    """Divides every gradient of `params` by `grad_scale` in place, exactly as
+    ``GradScaler.unscale_`` does (the same inverse, computed in float64 and rounded to float32,
+    and the same fused kernel per device and dtype), so that a step unscaled here equals one
+    unscaled by the scaler. Non-finite entries are left as they are (the caller skips such a
+    step)."""
+    inverse = grad_scale.double().reciprocal().float()
+    grouped: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for param in params:
+        grad = param.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            if grad.dtype is torch.float16:  # duplicates could overflow once summed
+                param.grad = grad = grad.coalesce()
+            grad = grad._values()
+        grouped.setdefault((grad.device, grad.dtype), []).append(grad)
+    for (device, _), grads in grouped.items():
+        ignored = torch.zeros((), dtype=torch.float32, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, ignored, inverse.to(device))

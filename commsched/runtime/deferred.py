@@ -120,9 +120,11 @@ class ParamGroupView(dict):
         return dict.__getitem__(self, key)
 
 
-# The wrapper's session, and GradScaler's per-step attributes (set on the optimizer for the
-# duration of one step() only: a copy would go stale).
-_NOT_ADOPTED = ("session", "grad_scale", "found_inf")
+# The wrapper's session, GradScaler's per-step attributes (set on the optimizer for the
+# duration of one step() only: a copy would go stale), and fused optimizers' claim to handle
+# the scaler themselves, which the wrapper answers for them (Note [GradScaler asks before it
+# unscales] in optimizer.py).
+_NOT_ADOPTED = ("session", "grad_scale", "found_inf", "_step_supports_amp_scaling")
 
 # Distinct subsets kept with their sub-optimizer: a plan uses a fixed few; leftover sets vary.
 _MAX_SUBSETS = 64
@@ -250,8 +252,9 @@ class DeferredUpdates:
         the two (bytes, seconds) samples tell a call's fixed cost from its cost per byte."""
         params = [p for group in self._user.param_groups for p in group["params"]
                   if p.grad is not None]
-        if len(params) < 2 or not self.splittable \
-                or getattr(self._user, "_step_supports_amp_scaling", False):
+        # GradScaler's scale reaches a fused optimizer as an attribute of the one whose step()
+        # it called: a subset would not see it.
+        if len(params) < 2 or not self.splittable or "grad_scale" in vars(self._user):
             return []
         self.snapshot()
         smallest = min(range(len(params)), key=lambda i: params[i].numel())

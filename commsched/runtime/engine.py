@@ -71,6 +71,7 @@ class EngineHandle:
         # runner time themselves (compute before backward, optimizer calls) are then taken too.
         self.sampling = True
         self._ops: list[str] = []
+        self._forward_positions: list[int] = []  # the plan's blocks released by the caller
         self._iteration = iteration or (lambda: self.rounds)
         self._world = world
         self.timeout_ms = max(1, int(timeout * 1000))
@@ -130,6 +131,7 @@ class EngineHandle:
         self._engine.install_plan(blocks)
         self.plan = plan
         self._ops = [b.op.name.lower() for b in plan.blocks]
+        self._forward_positions = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
         if self.timeline:
             self.timeline.mark(f"plan {plan.policy} {plan.fingerprint} ({len(plan.blocks)} blocks)")
 
@@ -192,6 +194,14 @@ class EngineHandle:
         """A span of the training thread (lane 3) from `started_us` until now."""
         if self.timeline:
             self.timeline.span(name, 3, started_us, _C.now_us(), **args)
+
+    def release_forward_blocks(self) -> None:
+        """Releases every forward-stage block of the iteration (DeAR's all-gathers) at once:
+        for a caller that needs every gradient reduced now (``synchronize()``, a skipped
+        update), not layer by layer in the next forward pass. Only when nothing released
+        any of them this iteration (the overlap runner is not open)."""
+        for position in self._forward_positions:
+            self.release(position)
 
     def release(self, position: int) -> None:
         try:

@@ -288,6 +288,9 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
         # _launch_rest's own first test, here: most iterations produce every gradient
         if self.intake is None or self.intake.marked != self._hooked or self.compressed is not None:
             self._launch_rest()
+        # Under an overlap plan (synchronize() before a clipped or scaled step) DeAR's
+        # all-gathers would wait for the next forward pass: every gradient is wanted now.
+        self.engine.release_forward_blocks()
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         if compressed is not None:
@@ -366,6 +369,15 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
             profiler.note_update(nbytes, seconds)
         _activity.now = ("forward", time.monotonic(), self.iteration)
         return result
+
+    def skip_update(self) -> None:
+        """The update after synchronize() that AMP's loss scaler skipped (an overflow): the
+        iteration's traffic is over, no parameter or optimizer state changes, and the next
+        forward pass begins as after any step."""
+        if self.passthrough:
+            return
+        self.clock.step_ended()
+        _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _end_iteration(self) -> None:
         if self._routed:
