@@ -69,6 +69,7 @@ class GradientHook:
 
 class GradientIntake:
     started: bool
+    held: bool
     def __init__(self, tensors: int, passes: int, first_gradient: Callable[[], None],
                  slow_path: Callable[[int], None]) -> None: ...
     def set_engine(self, engine: Engine) -> None: ...

@@ -37,6 +37,11 @@ _UNSCALE_BEFORE_SYNCHRONIZE = (
     "ranks. Call optimizer.synchronize() before scaler.unscale_(optimizer), then "
     "scaler.step(optimizer) inside `with optimizer.skip_synchronize():` (Horovod's recipe), or "
     "call scaler.step(optimizer) without unscale_() (DDP's recipe).")
+_ZERO_GRAD_DROPS_ACCUMULATION = (
+    "commsched: zero_grad() drops gradients accumulated under no_sync() that were never "
+    "averaged or applied (the last backward pass ran inside no_sync(), as at the end of an epoch "
+    "whose micro-batches do not fill a whole step). To keep them, call optimizer.step() before "
+    "zero_grad(): it averages what was accumulated and steps.")
 _ZERO_GRAD_PENDING = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
@@ -154,6 +159,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._cs_should_synchronize = True
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation, as DDP's ``no_sync()``: backward passes inside the block
+        accumulate their gradients locally in ``p.grad`` and send nothing; the next backward
+        outside it hands over the sum, which is averaged as usual.
+
+        Yields:
+            Nothing; the block runs the micro-batches whose gradients accumulate.
+
+        Raises:
+            RuntimeError: a backward pass outside the block already sent gradients of this
+                iteration (step() has not been called since).
+        """
+        with self.session.no_sync():
+            yield
+
     def step(self, closure: Any = None) -> Any:
         if "found_inf" in vars(self):  # GradScaler set it for this call
             return self._cs_scaled_step(closure)
@@ -210,6 +231,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.session.pending:  # never while passing through: no hook hands a gradient over
             raise AssertionError(_ZERO_GRAD_PENDING)
+        if self.session.held_back:
+            self.session.held_back = False
+            warnings.warn(_ZERO_GRAD_DROPS_ACCUMULATION, stacklevel=2)
         # Note [zero_grad after a deferred step]
         # Under an overlap plan, step() took every gradient out of p.grad (the runner holds
         # them until their update in the next forward pass), so the zero_grad() of a training

@@ -181,6 +181,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_python_only", &GradientIntake::set_python_only, py::arg("tensor_id"),
            py::arg("on"))
       .def_property("started", &GradientIntake::started, &GradientIntake::set_started)
+      .def_property("held", &GradientIntake::held, &GradientIntake::set_held)
       .def("reset", &GradientIntake::reset, py::arg("passes"))
       .def("next_iteration", &GradientIntake::next_iteration, py::arg("passes"))
       .def("remaining", &GradientIntake::remaining, py::arg("tensor_id"))

@@ -46,6 +46,11 @@ int64_t GradientIntake::take_pass(int64_t tensor_id) {
 
 void GradientIntake::on_gradient(int64_t tensor_id, const at::Tensor& param) {
   TORCH_INTERNAL_ASSERT(tensor_id >= 0 && tensor_id < static_cast<int64_t>(delay_.size()));
+  // Note [Accumulating without sending]
+  // Under no_sync() autograd has already summed this gradient into p.grad, where it stays: the
+  // first backward outside the block hands over the sum of every pass, so the iteration (its
+  // first_gradient, its profile) starts there, as DDP's reducer does.
+  if (held_) return;
   if (!started_) first_gradient_();  // a Python exception propagates as itself
   const at::Tensor& grad = param.grad();
   const bool common = started_ && !python_only_[tensor_id] && engine_ && delay_[tensor_id] > 0 &&

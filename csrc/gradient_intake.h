@@ -45,6 +45,10 @@ class GradientIntake {
   void set_python_only(int64_t tensor_id, bool on);
   bool started() const { return started_; }
   void set_started(bool started) { started_ = started; }
+  // Note [Accumulating without sending]: while held, a gradient is left in ``p.grad`` to
+  // accumulate; nothing is counted, handed over or run in Python (DDP's no_sync()).
+  bool held() const { return held_; }
+  void set_held(bool held) { held_ = held; }
   // Every tensor expects `passes` more gradients, none handed over yet (set_passes).
   void reset(int64_t passes);
   // reset(passes), and first_gradient runs again before the next gradient.
@@ -71,6 +75,7 @@ class GradientIntake {
   int64_t handed_ = 0;             // gradients counted this iteration (any pass)
   int64_t marked_ = 0;             // of those, final ones (to the engine or the slow path)
   bool started_ = false;           // first_gradient ran in this iteration
+  bool held_ = false;              // gradients stay in p.grad (no_sync())
   pybind11::function first_gradient_;
   pybind11::function slow_path_;
 };

@@ -111,8 +111,8 @@ class GradientHooks:
 
         def hook(param: torch.Tensor) -> None:
             session = this()
-            if session is None:
-                return
+            if session is None or (session.intake is not None and session.intake.held):
+                return  # no_sync(): Note [Accumulating without sending]
             # The gradient stays in p.grad until the exchange at synchronize()/step().
             if not session._gradients_started:
                 session._first_gradient()

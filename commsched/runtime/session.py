@@ -20,10 +20,11 @@ Python, and the sparse route's hooks), `elastic.py` (re-binding in an elastic Ho
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -51,6 +52,12 @@ from .release import Resources, release, release_orphans
 from .sparse import SparseExchange, sparse_parameter_ids
 from .timeline import timeline_path
 from .wrap import WrapOptions, dense_layout, make_specs
+
+_NO_SYNC_AFTER_SEND = (
+    "commsched: no_sync() was entered after a backward pass outside it sent gradients, before "
+    "step(): those gradients are being averaged in place in p.grad, where the backward passes "
+    "inside no_sync() would accumulate. Run the micro-batches inside no_sync() first and the "
+    "last one outside it, as with DDP.")
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 _activity = registry.activity
@@ -85,6 +92,8 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
                              "use compression none, fp16 or bf16 there")
         self.iteration = 0
         self.passes = options.backward_passes_per_step
+        # Whether gradients accumulated under no_sync() wait in p.grad, not yet handed over.
+        self.held_back = False
         self._base_cls = base_cls
         self.names = {p: n for n, p in named}
         # Gradients that arrived sparse on a dense-planned parameter this iteration: reduced
@@ -246,6 +255,25 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
             return handed  # no sparse gradient is routed, or none was counted (unbound)
         return self.sparse.pending(self.passes)
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside leave their gradients in ``p.grad`` to accumulate and send
+        nothing; the first backward outside hands over the sum (Note [Accumulating without
+        sending], csrc/gradient_intake.h). Nested blocks are one block."""
+        intake = self.intake
+        if intake is None or intake.held or self.passthrough:
+            yield
+            return
+        if self.pending:
+            raise RuntimeError(_NO_SYNC_AFTER_SEND)
+        intake.held = True
+        try:
+            yield
+        finally:
+            intake.held = False
+            self.held_back = any(p.grad is not None for p in self.params) or \
+                any(p.grad is not None for _, p in self._routed)
+
     def set_passes(self, passes: int) -> None:
         self.hook_gradients()  # the hooks count the passes
         self.passes = passes
@@ -380,6 +408,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _end_iteration(self) -> None:
+        self.held_back = False  # reduced with the iteration (handed over, or by _launch_rest)
         if self._routed:
             self._reset_counts(next_iteration=True)
         else:  # the common case in one call

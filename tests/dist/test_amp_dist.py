@@ -133,8 +133,9 @@ def _job() -> dict[str, Any]:
     commsched.init()
     fp16, bf16 = torch.float16, torch.bfloat16
     out: dict[str, Any] = {
-        "ddp fp16": _train(fp16, _ddp(), "ddp"), "ddp bf16": _train(bf16, _ddp(), "ddp"),
-        "ddp fp16 hook": _train(fp16, _ddp("fp16"), "ddp")}
+        "torch-ddp fp16": _train(fp16, _ddp(), "ddp"),
+        "torch-ddp bf16": _train(bf16, _ddp(), "ddp"),
+        "torch-ddp fp16 hook": _train(fp16, _ddp("fp16"), "ddp")}
     for policy in POLICIES:
         for recipe in ("ddp", "horovod"):
             out[f"{policy} fp16 {recipe}"] = _train(fp16, _commsched(policy), recipe)
@@ -178,11 +179,11 @@ def _diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 def test_ddp_reference_skips_the_overflow_step(results: dict[int, dict[str, Any]]) -> None:
     """The reference itself: the overflow on rank 1 backs the scale off on both ranks, and the
     scale also grew, so the comparisons below see it move both ways."""
-    scales = results[0]["ddp fp16"]["scales"]
-    assert scales == results[1]["ddp fp16"]["scales"]
+    scales = results[0]["torch-ddp fp16"]["scales"]
+    assert scales == results[1]["torch-ddp fp16"]["scales"]
     assert scales[OVERFLOW] == scales[OVERFLOW - 1] / 2, scales
     assert max(scales) > scales[0], scales
-    assert results[0]["ddp fp16"]["skipped_changed"] == 0.0
+    assert results[0]["torch-ddp fp16"]["skipped_changed"] == 0.0
 
 
 @pytest.mark.parametrize("recipe", ["ddp", "horovod"])
@@ -190,7 +191,7 @@ def test_ddp_reference_skips_the_overflow_step(results: dict[int, dict[str, Any]
 def test_fp16_grad_scaler_matches_ddp(results: dict[int, dict[str, Any]], policy: str,
                                       recipe: str) -> None:
     for rank in (0, 1):
-        ours, ddp = results[rank][f"{policy} fp16 {recipe}"], results[rank]["ddp fp16"]
+        ours, ddp = results[rank][f"{policy} fp16 {recipe}"], results[rank]["torch-ddp fp16"]
         assert ours["scales"] == ddp["scales"], (rank, ours["scales"], ddp["scales"])
         assert ours["skipped_changed"] == 0.0, f"rank {rank}: the skipped step changed a value"
         assert _diff(ours["params"], ddp["params"]) <= EXACT, rank
@@ -199,7 +200,7 @@ def test_fp16_grad_scaler_matches_ddp(results: dict[int, dict[str, Any]], policy
 @pytest.mark.parametrize("policy", POLICIES)
 def test_bf16_autocast_matches_ddp(results: dict[int, dict[str, Any]], policy: str) -> None:
     for rank in (0, 1):
-        ours, ddp = results[rank][f"{policy} bf16 ddp"], results[rank]["ddp bf16"]
+        ours, ddp = results[rank][f"{policy} bf16 ddp"], results[rank]["torch-ddp bf16"]
         assert _diff(ours["params"], ddp["params"]) <= EXACT, rank
 
 
@@ -212,11 +213,11 @@ def test_fp16_grad_scaler_with_compression(results: dict[int, dict[str, Any]], p
     overflow's inf."""
     for rank in (0, 1):
         ours = results[rank][f"{policy} fp16 ddp {compression}"]
-        assert ours["scales"] == results[rank]["ddp fp16"]["scales"], (rank, ours["scales"])
+        assert ours["scales"] == results[rank]["torch-ddp fp16"]["scales"], (rank, ours["scales"])
         assert ours["skipped_changed"] == 0.0, f"rank {rank}: the skipped step changed a value"
         assert ours["finite"], f"rank {rank}: non-finite parameters after the overflow"
         if compression == "fp16":
-            ddp = results[rank]["ddp fp16 hook"]
+            ddp = results[rank]["torch-ddp fp16 hook"]
             assert _diff(ours["params"], ddp["params"]) <= CAST, rank
     assert _diff(results[0][f"{policy} fp16 ddp {compression}"]["params"],
                  results[1][f"{policy} fp16 ddp {compression}"]["params"]) == 0.0
