@@ -1,15 +1,23 @@
-"""`python -m commsched simulate ...` (what-if simulator) and
-`python -m commsched report RUN_DIR`."""
+"""`python -m commsched simulate ...` (what-if simulator), `python -m commsched report RUN_DIR`
+and `python -m commsched info` (versions, the extension's build, backends, knobs in effect)."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = ("usage: python -m commsched {simulate,report} [options]  "
+USAGE = ("usage: python -m commsched {simulate,report,info} [options]  "
          "(--help after a command for its options)")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command of `python -m commsched`.
+
+    Args:
+        argv: the arguments after ``-m commsched``; None reads sys.argv.
+
+    Returns:
+        The command's exit status (2 for an unknown command or none).
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
@@ -21,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "report":
         from .reporting.command import main as report_main
         return report_main(rest)
+    if command == "info":
+        from .info import main as info_main
+        return info_main(rest)
     print(f"commsched: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2
 

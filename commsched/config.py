@@ -292,9 +292,56 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return data
 
 
+class Source(enum.Enum):
+    """Where a knob's value came from, highest precedence first."""
+
+    ARGUMENT = "keyword argument"
+    ENVIRONMENT = "environment variable"
+    YAML = "YAML file"
+    HOROVOD_TWIN = "Horovod's twin variable"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class KnobSource:
+    """One knob's resolved value and where it came from.
+
+    `where` is the phrase errors use ("environment variable COMMSCHED_POLICY", "YAML key
+    'policy' in configs/ddp.yaml", "default of policy")."""
+
+    key: str
+    value: Any
+    source: Source
+    where: str
+
+
 def load_config(overrides: Mapping[str, Any] | None = None,
                 environ: Mapping[str, str] | None = None) -> Config:
     """Resolves every knob by precedence and validates it."""
+    values = {key: resolved.value for key, resolved in _resolve(overrides, environ).items()}
+    return Config(**values)
+
+
+def knob_sources(overrides: Mapping[str, Any] | None = None,
+                 environ: Mapping[str, str] | None = None) -> dict[str, KnobSource]:
+    """Every knob's value, as load_config resolves it, with where it came from.
+
+    Args:
+        overrides: keyword arguments, as DistributedOptimizer passes them (None values unset).
+        environ: the environment to read; None reads os.environ.
+
+    Returns:
+        The knobs in declaration order (KNOBS), by key.
+
+    Raises:
+        ConfigError: what load_config raises for the same arguments.
+    """
+    return _resolve(overrides, environ)
+
+
+def _resolve(overrides: Mapping[str, Any] | None,
+             environ: Mapping[str, str] | None) -> dict[str, KnobSource]:
+    """The precedence, in one place: load_config and knob_sources both read it."""
     env = os.environ if environ is None else environ
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key in overrides:
@@ -308,25 +355,30 @@ def load_config(overrides: Mapping[str, Any] | None = None,
                                        sorted(known_env)))
     yaml_path = env.get(CONFIG_ENV, "")
     from_yaml = _read_yaml(yaml_path) if yaml_path else {}
-    values: dict[str, Any] = {}
+    out: dict[str, KnobSource] = {}
     for knob in KNOBS:
-        if knob.key in overrides:
-            values[knob.key] = parse_value(knob, overrides[knob.key], f"argument {knob.key}")
-        elif env.get(knob.env, "") != "":
-            values[knob.key] = parse_value(knob, env[knob.env], f"environment variable {knob.env}")
-        elif knob.key in from_yaml:
-            values[knob.key] = parse_value(knob, from_yaml[knob.key],
-                                           f"YAML key {knob.key!r} in {yaml_path}")
-        elif knob.horovod_twin and env.get(knob.horovod_twin, "") != "":
-            values[knob.key] = parse_value(knob, env[knob.horovod_twin],
-                                           f"environment variable {knob.horovod_twin}")
-        elif knob.default is None:
-            values[knob.key] = None
-        else:
-            values[knob.key] = parse_value(knob, knob.default, f"default of {knob.key}")
-    if values["stall_warning"] is None:
-        values["stall_warning"] = default_stall_warning(values["timeout"])
-    return Config(**values)
+        raw, source, where = _pick(knob, overrides, env, from_yaml, yaml_path)
+        value = None if source is Source.DEFAULT and raw is None else parse_value(knob, raw, where)
+        out[knob.key] = KnobSource(knob.key, value, source, where)
+    if out["stall_warning"].value is None:
+        out["stall_warning"] = dataclasses.replace(
+            out["stall_warning"], value=default_stall_warning(out["timeout"].value))
+    return out
+
+
+def _pick(knob: Knob, overrides: Mapping[str, Any], env: Mapping[str, str],
+          from_yaml: Mapping[str, Any], yaml_path: str) -> tuple[Any, Source, str]:
+    """A knob's raw value by precedence, its source, and the phrase its error names."""
+    if knob.key in overrides:
+        return overrides[knob.key], Source.ARGUMENT, f"argument {knob.key}"
+    if env.get(knob.env, "") != "":
+        return env[knob.env], Source.ENVIRONMENT, f"environment variable {knob.env}"
+    if knob.key in from_yaml:
+        return from_yaml[knob.key], Source.YAML, f"YAML key {knob.key!r} in {yaml_path}"
+    if knob.horovod_twin and env.get(knob.horovod_twin, "") != "":
+        return (env[knob.horovod_twin], Source.HOROVOD_TWIN,
+                f"environment variable {knob.horovod_twin}")
+    return knob.default, Source.DEFAULT, f"default of {knob.key}"
 
 
 STALL_WARNING_SHARE = 0.2  # of the timeout: 60 s for the default 300 s

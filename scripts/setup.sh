@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything commsched needs into .venv: torch (CPU 2.13.0 unless one is importable),
-# Horovod 0.28.1 built with PyTorch + Gloo, and commsched itself (editable, compiling csrc/).
+# Horovod 0.28.1 built with PyTorch + Gloo (scripts/install_horovod.sh), and commsched itself
+# (editable, compiling csrc/ against that torch; docs/install.md).
 # Idempotent: each step checks whether its result is already there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,37 +56,37 @@ if ! "$PY" -c "import numpy, yaml, pytest, hypothesis, matplotlib, ruff, psutil,
 fi
 
 step "horovod 0.28.1 (PyTorch + Gloo)"
-if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
-  WRAP="$VENV/bin/cxx17-wrapper"
-  # Horovod 0.28.1 forces -std=c++14 in two CMakeLists; torch>=2.1 headers need C++17.
-  cat > "$WRAP" <<'WRAPEOF'
-#!/usr/bin/env bash
-args=()
-for a in "$@"; do
-  case "$a" in
-    -std=c++11|-std=c++14|-std=gnu++11|-std=gnu++14) args+=("-std=c++17") ;;
-    *) args+=("$a") ;;
-  esac
-done
-exec "${COMMSCHED_REAL_CXX:-g++}" "${args[@]}"
-WRAPEOF
-  chmod +x "$WRAP"
-  HVD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1)
-  if command -v mpicxx >/dev/null 2>&1; then HVD_FLAGS+=(HOROVOD_WITH_MPI=1); else HVD_FLAGS+=(HOROVOD_WITHOUT_MPI=1); fi
-  if "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() and torch.backends.cudnn.is_available() else 1)" 2>/dev/null \
-     && [ -n "${NCCL_HOME:-}" ]; then HVD_FLAGS+=(HOROVOD_GPU_OPERATIONS=NCCL); fi
-  env "${HVD_FLAGS[@]}" CMAKE_POLICY_VERSION_MINIMUM=3.5 CXX="$WRAP" \
-    MAKEFLAGS="-j$(nproc)" PATH="$VENV/bin:$PATH" \
-    "$PY" -m pip --disable-pip-version-check install --no-build-isolation "horovod[pytorch]==0.28.1" 2>&1 | tail -n 5
-  "$PY" -c "import horovod.torch"
-fi
+# The recipe (C++17 wrapper, CMake policy, flags, a wheel cache per torch) lives in that script
+# alone; it returns at once when horovod.torch already imports.
+"$ROOT/scripts/install_horovod.sh" "$PY"
 
 step "commsched (editable, builds commsched._C)"
-if ! (cd /tmp && "$PY" -c "import commsched._C, commsched, os, sys; sys.exit(0 if os.path.dirname(commsched.__file__).startswith('$ROOT') else 1)") 2>/dev/null \
-   || [ -n "$(find "$ROOT/csrc" -newer "$ROOT/.venv/.commsched-built" 2>/dev/null | head -n 1)" ] \
-   || [ ! -f "$ROOT/.venv/.commsched-built" ]; then
+# Rebuilt when never built, when csrc/ changed since, or when the extension was built against
+# another torch than the venv's (or by a setup.py that kept no record of it: _build_info.json).
+# setup.py keeps the objects in build/temp-torch*, so a rebuild compiles only what changed.
+MARK="$VENV/.commsched-built"
+built_for_this_torch() {
+  (cd /tmp && "$PY" - "$ROOT" <<'PYEOF'
+import json
+import os
+import sys
+
+import torch
+
+import commsched._C
+
+root = sys.argv[1]
+if not os.path.realpath(commsched._C.__file__).startswith(os.path.realpath(root) + os.sep):
+    sys.exit(1)
+with open(os.path.join(root, "commsched", "_build_info.json"), encoding="utf-8") as handle:
+    sys.exit(0 if json.load(handle).get("torch") == torch.__version__ else 1)
+PYEOF
+  ) 2>/dev/null
+}
+if [ ! -f "$MARK" ] || [ -n "$(find "$ROOT/csrc" -newer "$MARK" 2>/dev/null | head -n 1)" ] \
+   || ! built_for_this_torch; then
   (cd "$ROOT" && MAX_JOBS="$(nproc)" "$PY" -m pip --disable-pip-version-check -q install --no-build-isolation --no-deps -e .)
-  touch "$ROOT/.venv/.commsched-built"
+  touch "$MARK"
 fi
 
 step "done"

@@ -27,6 +27,7 @@ import commsched
 
 from ..outputs import OutputPathError, prepare_dir
 from ..torch_compat import ddp_kwargs
+from ..world.errors import import_horovod
 from .candidate import LOCAL, Candidate
 from .compare_predict import (
     add_floor,
@@ -75,8 +76,8 @@ def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
         predicted = False
         powersgd = parse_ddp_powersgd(label)
         if label in ("hvd", HVD_FP16):
-            import horovod.torch as hvd
-
+            hvd = import_horovod(f"the benchmark candidate {label!r} is Horovod's own "
+                                 "DistributedOptimizer,")
             opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
                                            compression=hvd.Compression.fp16 if label == HVD_FP16
                                            else hvd.Compression.none)

@@ -36,6 +36,7 @@ from ..config import load_config
 from ..plan import Collective, Plan
 from ..sim.network import ring_wire_bytes
 from ..sim.profile import ELEMENT_SIZES
+from ..world.errors import import_horovod
 
 HVD_FP16 = "hvd-fp16"
 DDP_POWERSGD = "torch-ddp-powersgd"
@@ -217,8 +218,8 @@ def candidate_bytes(label: str, model: nn.Module, optimizer: Any, world: int) ->
 
 
 def fp16_compression() -> Any:
-    import horovod.torch as hvd
-
+    """Horovod's fp16 compression, for the `hvd-fp16` candidate."""
+    hvd = import_horovod(f"the benchmark candidate {HVD_FP16!r} uses Horovod's fp16 compression,")
     return hvd.Compression.fp16
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..config import load_config
 from . import groups, registry
-from .errors import RankFailureError, elastic, failure_type, without_backtrace
+from .errors import RankFailureError, elastic, failure_type, import_horovod, without_backtrace
 
 log = logging.getLogger("commsched")
 
@@ -155,8 +155,11 @@ def _choose_gloo_interface(peer: str) -> None:
         log.info("commsched: Gloo uses interface %s (%s), the route to %s", interface, local, peer)
 
 
+HOROVODRUN = "this process was started by horovodrun (HOROVOD_RANK is set)"
+
+
 def _horovod_world(timeout: float) -> World:
-    import horovod.torch as hvd
+    hvd = import_horovod(HOROVODRUN)
 
     hvd.init()
     rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
@@ -301,9 +304,7 @@ def shutdown() -> None:
         time.sleep(0.05)
         dist.destroy_process_group()
     if _world.launcher is Launcher.HOROVOD:
-        import horovod.torch as hvd
-
-        hvd.shutdown()
+        import_horovod(HOROVODRUN).shutdown()
     _world = None
     _shut_down = True
 
@@ -339,8 +340,7 @@ def stale() -> bool:
     if w is None or w.broken:
         return True
     if w.launcher is Launcher.HOROVOD and elastic():
-        import horovod.torch as hvd
-
+        hvd = import_horovod(HOROVODRUN)
         return (hvd.rank(), hvd.size()) != (w.rank, w.size)
     return False
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+from types import ModuleType
 
 # c10::Error's text carries the C++ backtrace of where it was raised: for a failed collective
 # that is the engine's completion thread inside c10d, which says nothing to the user.
@@ -20,6 +22,38 @@ class RankFailureError(RuntimeError):
 
 class MismatchError(RuntimeError):
     """Ranks disagree on something that must be identical."""
+
+
+HOROVOD_INSTALL = ("install it with scripts/install_horovod.sh (in commsched's source tree), "
+                   "see docs/install.md")
+
+
+class HorovodMissingError(ImportError):
+    """Horovod is needed (a horovodrun job, a Horovod benchmark candidate) but cannot be imported:
+    not installed (it is the optional extra ``commsched[horovod]``), or built against another
+    torch."""
+
+
+def import_horovod(needed_for: str, module: str = "horovod.torch") -> ModuleType:
+    """The one place commsched imports Horovod, so that its absence always reads the same.
+
+    Args:
+        needed_for: why Horovod is needed, completing "commsched: ... but horovod is not
+            importable", e.g. "this process was started by horovodrun (HOROVOD_RANK is set)".
+        module: the Horovod module to import.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        HorovodMissingError: `module` cannot be imported; the message says why it was needed,
+            what the import said, and how to install Horovod.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise HorovodMissingError(f"commsched: {needed_for} but horovod is not importable "
+                                  f"({module}: {err}): {HOROVOD_INSTALL}") from err
 
 
 def without_backtrace(err: BaseException) -> str:
@@ -45,9 +79,9 @@ def failure_type() -> type[RankFailureError]:
     if not elastic():
         return RankFailureError
     if _elastic_failure is None:
-        from horovod.common.exceptions import HorovodInternalError
-
+        exceptions = import_horovod("this process is a worker of an elastic horovodrun job "
+                                    "(HOROVOD_ELASTIC=1)", "horovod.common.exceptions")
         _elastic_failure = type("ElasticRankFailureError",
-                                (RankFailureError, HorovodInternalError),
+                                (RankFailureError, exceptions.HorovodInternalError),
                                 {"__module__": __name__, "__doc__": RankFailureError.__doc__})
     return _elastic_failure
