@@ -125,3 +125,29 @@ def unscale_grads_(params: list[torch.Tensor], grad_scale: torch.Tensor) -> None
     for (device, _), grads in grouped.items():
         ignored = torch.zeros((), dtype=torch.float32, device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(grads, ignored, inverse.to(device))
+
+
+def eager_hook(hook: Any) -> Any:
+    """`hook` run eagerly when a module it is registered on runs inside ``torch.compile``:
+    dynamo would otherwise trace into it (an optimizer step, clocks, the engine's waits) and
+    fail or bake them into the graph; instead the graph breaks at the call (Note [Module hooks
+    under torch.compile] in runtime/overlap_support.py)."""
+    return torch.compiler.disable(hook, recursive=True)
+
+
+def compiled_fullgraph(module: Any) -> bool:
+    """Whether `module` is ``torch.compile(m, fullgraph=True)``'s result, or a module compiled in
+    place with ``m.compile(fullgraph=True)``. The flag sits on dynamo's context object, whose
+    attributes differ between versions: where none is found, False (a graph break then fails at
+    the first forward pass, in dynamo's own words)."""
+    owners = [getattr(module, "dynamo_ctx", None)]
+    compiled_call = getattr(module, "_compiled_call_impl", None)
+    if compiled_call is not None:  # the context and its callback are in the wrapper's closure
+        owners += [cell.cell_contents for cell in getattr(compiled_call, "__closure__", None) or ()]
+    owners += [getattr(owner, "callback", None) for owner in owners]
+    for owner in owners:
+        for name in ("fullgraph", "_one_graph"):
+            value = getattr(owner, name, None)
+            if isinstance(value, bool):
+                return value
+    return False

@@ -35,6 +35,7 @@ from .. import _C
 from ..plan import Plan, Stage, UpdateGroup
 from ..plan.update_groups import per_module_groups
 from ..sim.overlap import completing_blocks
+from ..torch_compat import eager_hook
 from ..world import registry
 from .clock import UpdateTimer
 from .deferred import DeferredUpdates
@@ -154,10 +155,10 @@ class OverlapRunner:
             for name in self._groups_at:
                 module = self._named[name]  # activate() mapped unknown names to the root
                 self._handles.append(module.register_forward_pre_hook(
-                    self._apply_groups(name, timed=sampled)))
+                    eager_hook(self._apply_groups(name, timed=sampled))))
             if self._ungrouped:  # Note [The end of the forward pass]
                 root = self._named[self._root_name]
-                self._handles.append(root.register_forward_hook(self._end_of_forward))
+                self._handles.append(root.register_forward_hook(eager_hook(self._end_of_forward)))
 
     # -- activation -------------------------------------------------------------------------
 

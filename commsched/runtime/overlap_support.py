@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..plan import UpdateGroup
+from ..torch_compat import compiled_fullgraph, eager_hook
 from .profiler import KEEP_ITERATIONS
 
 
@@ -63,8 +64,9 @@ class ModuleProfile:
         returns their handles."""
         handles = []
         for name, module in named.items():
-            handles.append(module.register_forward_pre_hook(self._start_hook(name)))
-            handles.append(module.register_forward_hook(self._end_hook(name, name == root)))
+            handles.append(module.register_forward_pre_hook(eager_hook(self._start_hook(name))))
+            handles.append(module.register_forward_hook(
+                eager_hook(self._end_hook(name, name == root))))
         return handles
 
     def _start_hook(self, name: str) -> Callable[[torch.nn.Module, Any], None]:
@@ -138,14 +140,30 @@ def apply_before_state_dict(modules: Iterable[nn.Module], apply: Callable[[], No
     return [module.register_state_dict_pre_hook(before) for module in modules]
 
 
+# Note [Module hooks under torch.compile]
+# An overlap plan's updates run in forward pre-hooks (and the profiling steps time each module
+# with hooks). Inside a compiled forward pass dynamo would trace into them: an optimizer step,
+# clocks and the engine's waits, which it cannot trace (it failed on the update's param-group
+# views). Every such hook is registered through torch_compat.eager_hook, so dynamo breaks the
+# graph at the hook and runs it eagerly: one graph break per module that starts an update group
+# (the planner keeps them few), and every module during the profiling steps, whose graphs are
+# compiled once and dropped. A model compiled with fullgraph=True forbids graph breaks, so there
+# the overlap policies are refused at wrap time and `auto` plans synchronous policies only.
 def overlap_possible(model: Any, base_cls: type) -> bool:
-    return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE)
+    return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE) \
+        and not compiled_fullgraph(model)
 
 
 def check_overlap_allowed(policy_name: str, model: Any, base_cls: type) -> None:
     if model is None or not isinstance(model, torch.nn.Module):
         raise ValueError(f"commsched: policy '{policy_name}' applies each update in the next "
                          "forward pass and needs the model: DistributedOptimizer(..., model=model)")
+    if compiled_fullgraph(model):
+        raise ValueError(f"commsched: policy '{policy_name}' applies each update in a forward "
+                         "pre-hook, which breaks the graph, and the model was compiled with "
+                         "torch.compile(..., fullgraph=True), which forbids graph breaks; use "
+                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous, no hooks in forward), "
+                         "or compile without fullgraph=True")
     if issubclass(base_cls, _UNSPLITTABLE):
         raise ValueError(f"commsched: {base_cls.__name__} needs all gradients at once and cannot "
                          f"be split into per-block updates as policy '{policy_name}' does; use "
