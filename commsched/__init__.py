@@ -5,6 +5,12 @@
     opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 """
 
+# Before anything loads the extension: a build for another torch is one clear error here, not
+# an undefined symbol (commsched.info.check_extension).
+from .info import check_extension as _check_extension
+
+_check_extension()
+
 from .compression import Compression
 from .config import ConfigError, Policy, load_config
 from .ops import Adasum, Average, ReduceOp, Sum
