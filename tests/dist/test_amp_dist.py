@@ -4,7 +4,8 @@ Every policy trains 30 steps under fp16 autocast with ``torch.amp.GradScaler``; 
 OVERFLOW rank 1 alone feeds an input that overflows fp16, so the scaler must skip that step on
 every rank (DDP averages the inf into every rank's gradients). The scaler grows its scale every
 GROWTH steps, so the scale moves both ways. Both recipes run: DDP's plain ``scaler.step(opt)``
-and Horovod's (``synchronize()``, ``unscale_``, ``scaler.step`` inside ``skip_synchronize()``).
+and Horovod's (``synchronize()``, ``unscale_``, clipping, ``scaler.step`` inside
+``skip_synchronize()``), the latter against DDP's clipping recipe.
 bf16 autocast (whose range is float32's: nothing overflows) needs no scaler and runs DDP's
 plain loop. One spawned job runs every case; the
 tests below read its results.
@@ -22,6 +23,7 @@ from torch import nn
 STEPS = 30
 OVERFLOW = 12
 GROWTH = 5
+CLIP = 0.5  # below this model's gradient norms: clipping changes every step it runs in
 POLICIES = ["horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto"]
 # (policy, compression): the casts and both lossy compressors, each under a synchronous and an
 # overlap policy.
@@ -77,11 +79,16 @@ def _train(dtype: torch.dtype, wrap: Any, recipe: str) -> dict[str, Any]:
             loss = nn.functional.mse_loss(net(x).float(), y)
         scaler.scale(loss).backward()
         before = _snapshot(model, opt) if step == OVERFLOW else None
-        if recipe == "horovod":
+        if recipe == "horovod":  # the README's, clipping included
             opt.synchronize()
             scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             with opt.skip_synchronize():
                 scaler.step(opt)
+        elif recipe == "ddp clip":  # DDP's own recipe for clipping
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            scaler.step(opt)
         else:
             scaler.step(opt)
         scaler.update()
@@ -135,7 +142,8 @@ def _job() -> dict[str, Any]:
     out: dict[str, Any] = {
         "torch-ddp fp16": _train(fp16, _ddp(), "ddp"),
         "torch-ddp bf16": _train(bf16, _ddp(), "ddp"),
-        "torch-ddp fp16 hook": _train(fp16, _ddp("fp16"), "ddp")}
+        "torch-ddp fp16 hook": _train(fp16, _ddp("fp16"), "ddp"),
+        "torch-ddp fp16 clip": _train(fp16, _ddp(), "ddp clip")}
     for policy in POLICIES:
         for recipe in ("ddp", "horovod"):
             out[f"{policy} fp16 {recipe}"] = _train(fp16, _commsched(policy), recipe)
@@ -184,6 +192,9 @@ def test_ddp_reference_skips_the_overflow_step(results: dict[int, dict[str, Any]
     assert scales[OVERFLOW] == scales[OVERFLOW - 1] / 2, scales
     assert max(scales) > scales[0], scales
     assert results[0]["torch-ddp fp16"]["skipped_changed"] == 0.0
+    clipped = results[0]["torch-ddp fp16 clip"]
+    assert clipped["scales"] == scales
+    assert _diff(clipped["params"], results[0]["torch-ddp fp16"]["params"]) > 1e-4
 
 
 @pytest.mark.parametrize("recipe", ["ddp", "horovod"])
@@ -191,7 +202,8 @@ def test_ddp_reference_skips_the_overflow_step(results: dict[int, dict[str, Any]
 def test_fp16_grad_scaler_matches_ddp(results: dict[int, dict[str, Any]], policy: str,
                                       recipe: str) -> None:
     for rank in (0, 1):
-        ours, ddp = results[rank][f"{policy} fp16 {recipe}"], results[rank]["torch-ddp fp16"]
+        reference = "torch-ddp fp16 clip" if recipe == "horovod" else "torch-ddp fp16"
+        ours, ddp = results[rank][f"{policy} fp16 {recipe}"], results[rank][reference]
         assert ours["scales"] == ddp["scales"], (rank, ours["scales"], ddp["scales"])
         assert ours["skipped_changed"] == 0.0, f"rank {rank}: the skipped step changed a value"
         assert _diff(ours["params"], ddp["params"]) <= EXACT, rank

@@ -64,11 +64,12 @@ def _commsched_run(rank: int, policy: str, passes: bool) -> dict[str, Any]:
         backward_passes_per_step=MICRO if passes else 1)
     for step in range(STEPS):
         opt.zero_grad()
-        for micro in range(MICRO - 1):
-            if passes:  # Horovod's way: every pass counted, the last one sends
+        if passes:  # Horovod's way: every pass counted, the last one sends
+            for micro in range(MICRO - 1):
                 _loss(model, step, micro, rank).backward()
-            else:
-                with opt.no_sync():
+        else:  # the README's
+            with opt.no_sync():
+                for micro in range(MICRO - 1):
                     _loss(model, step, micro, rank).backward()
         _loss(model, step, MICRO - 1, rank).backward()
         opt.step()
