@@ -1,8 +1,13 @@
 """commsched: communication scheduling for data-parallel PyTorch training, used the Horovod way.
 
+Wrap the optimizer you have; a policy then decides how the gradients are fused and ordered
+while the engine averages them across ranks. docs/api.md lists every public name.
+
+Example:
     import commsched
     commsched.init()
-    opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                         model=model)
 """
 
 # Before anything loads the extension: a build for another torch is one clear error here, not

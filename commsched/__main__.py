@@ -1,5 +1,9 @@
-"""`python -m commsched simulate ...` (what-if simulator), `python -m commsched report RUN_DIR`
-and `python -m commsched info` (versions, the extension's build, backends, knobs in effect)."""
+"""``python -m commsched``: the command line, with three commands.
+
+``simulate ...`` (the what-if simulator, docs/simulator.md), ``report RUN_DIR`` (the run
+report, docs/observability.md) and ``info`` (versions, the extension's build, backends, knobs in
+effect, docs/install.md).
+"""
 
 from __future__ import annotations
 

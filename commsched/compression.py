@@ -1,5 +1,7 @@
-"""Gradient compression: casts on the wire (Horovod's interface plus bf16) and two lossy
-compressors with error feedback, PowerSGD and top-k (docs/compression.md).
+"""Gradient compression: casts on the wire and two lossy compressors with error feedback.
+
+The casts keep Horovod's interface (``Compression.none``, ``fp16``) and add bf16; the lossy
+compressors are PowerSGD and top-k (docs/compression.md).
 
 A cast is applied by the engine while it packs the fusion buffer (``wire_dtype``), so its
 compressor is a description of the cast; ``compress``/``decompress`` keep Horovod's calling
@@ -24,32 +26,64 @@ from .config import KNOBS_BY_KEY, Config, parse_value
 
 
 class Compressor:
+    """A cast on the wire, Horovod's compressor interface: ``Compression.none``, ``fp16``, ``bf16``.
+
+    The engine casts floating-point gradients to `wire` while it packs a fusion buffer and back
+    when it unpacks, so the user passes the class itself (``compression=Compression.fp16``) and
+    never calls it; compress() and decompress() keep Horovod's calling convention for code that
+    does.
+    """
+
     wire: torch.dtype | None = None  # None: send as is
 
     @classmethod
     def wire_dtype(cls, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a gradient of `dtype` travels in (integer gradients are never cast)."""
         if cls.wire is None or not dtype.is_floating_point:
             return dtype
         return cls.wire
 
     @classmethod
     def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Casts `tensor` for the wire, with Horovod's calling convention.
+
+        Args:
+            tensor: the gradient to send.
+
+        Returns:
+            (the cast tensor, the context decompress() needs: the original dtype).
+        """
         return tensor.to(cls.wire_dtype(tensor.dtype)), tensor.dtype
 
     @staticmethod
     def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Casts a received `tensor` back to its dtype, with Horovod's calling convention.
+
+        Args:
+            tensor: what came off the wire.
+            ctx: the context compress() returned (the original dtype).
+
+        Returns:
+            `tensor` in its original dtype.
+        """
         return tensor.to(ctx)
 
 
 class NoneCompressor(Compressor):
+    """No compression: gradients travel in their own dtype (``Compression.none``)."""
+
     wire = None
 
 
 class FP16Compressor(Compressor):
+    """Floating-point gradients travel as float16 (``Compression.fp16``), half of fp32's bytes."""
+
     wire = torch.float16
 
 
 class BF16Compressor(Compressor):
+    """Floating-point gradients travel as bfloat16 (``Compression.bf16``): fp32's range, 2 bytes."""
+
     wire = torch.bfloat16
 
 
@@ -60,8 +94,18 @@ def _checked(key: str, value: Any, call: str) -> Any:
 
 @dataclass(frozen=True)
 class PowerSGD:
-    """Vogels et al. (NeurIPS 2019): rank-`rank` factors P = M Q, Q = M^T P with one power
-    iteration from the previous step's Q, P orthogonalised in between, error feedback."""
+    """PowerSGD's settings (Vogels et al., NeurIPS 2019), as ``Compression.powersgd()`` makes them.
+
+    Each compressed gradient, viewed as an n x m matrix M (plus this rank's residual), travels
+    as rank-`rank` factors P = M Q and Q = M^T P, one power iteration from the previous step's
+    Q with P orthogonalised in between; what the factors miss is kept as the residual and added
+    to the next step's gradient (error feedback). docs/compression.md has the algorithm.
+
+    Attributes:
+        rank: the factors' rank r, capped per tensor at min(n, m).
+        start_step: iterations exchanged uncompressed first (a warm-up).
+        min_ratio: a tensor is compressed only if r (n + m) x min_ratio <= n m.
+    """
 
     rank: int = 1
     start_step: int = 0
@@ -69,17 +113,24 @@ class PowerSGD:
 
     @property
     def label(self) -> str:
+        """The compressor's name in plan policies and reports, e.g. ``powersgd(rank=4)``."""
         return f"powersgd(rank={self.rank})"
 
     def rank_for(self, shape: Sequence[int]) -> int:
-        """The factors' rank for a tensor: at most min(n, m), where the factors already span
-        the whole matrix (a higher rank would only add columns of rounding noise to P)."""
+        """The factors' rank for a tensor of `shape`: `rank`, at most min(n, m).
+
+        At min(n, m) the factors already span the whole matrix; a higher rank would only add
+        columns of rounding noise to P.
+        """
         n, m = matrix_shape(shape)
         return min(self.rank, n, m)
 
     def compresses(self, shape: Sequence[int]) -> bool:
-        """Whether a tensor of `shape` is sent as factors: a matrix view n x m (first dimension
-        by the rest) whose factors r (n + m) are at least `min_ratio` times smaller than it."""
+        """Whether a tensor of `shape` is sent as factors.
+
+        It is when its matrix view n x m (first dimension by the rest) is at least `min_ratio`
+        times larger than its factors, r (n + m); 1-D tensors never are.
+        """
         if len(shape) < 2 or math.prod(shape) == 0:
             return False
         n, m = matrix_shape(shape)
@@ -88,22 +139,36 @@ class PowerSGD:
 
 @dataclass(frozen=True)
 class TopK:
-    """The `ratio` share of entries largest in magnitude, with error feedback; every rank sends
-    exactly k values and k indices (a fixed-size all-gather, see docs/compression.md)."""
+    """Top-k's settings, as ``Compression.topk()`` makes them.
+
+    Each compressed gradient (plus this rank's residual) sends the `ratio` share of its entries
+    largest in magnitude; the rest is kept as the residual for the next step (error feedback).
+    Every rank sends exactly k values and k indices, a fixed-size all-gather
+    (docs/compression.md).
+
+    Attributes:
+        ratio: the share of each compressed tensor's entries sent, in (0, 1].
+        start_step: iterations exchanged uncompressed first.
+    """
 
     ratio: float = 0.01
     start_step: int = 0
 
     @property
     def label(self) -> str:
+        """The compressor's name in plan policies and reports, e.g. ``topk(ratio=0.01)``."""
         return f"topk(ratio={self.ratio:g})"
 
     def k(self, numel: int) -> int:
+        """Entries sent of a tensor of `numel` entries: ceil(ratio x numel), at least 1."""
         return max(1, math.ceil(self.ratio * numel))
 
     def compresses(self, shape: Sequence[int]) -> bool:
-        """Whether k values plus k int32 indices are at most half of the tensor's bytes (for
-        4-byte values: k <= numel / 4); the smallest tensors (biases) go uncompressed."""
+        """Whether a tensor of `shape` is sent as its top k.
+
+        It is when k values plus k int32 indices are at most half of its bytes (for 4-byte
+        values: k <= numel / 4); the smallest tensors (biases) go uncompressed.
+        """
         numel = math.prod(shape)
         return 0 < numel < 2**31 and 4 * self.k(numel) <= numel
 
@@ -112,8 +177,16 @@ LossyCompression = PowerSGD | TopK
 
 
 class Compression:
-    """Namespace as in Horovod: ``Compression.none``, ``Compression.fp16``, plus ``bf16`` and
-    the lossy ``powersgd(...)`` and ``topk(...)``."""
+    """What ``DistributedOptimizer(compression=...)`` takes, named as in Horovod.
+
+    ``Compression.none``, ``Compression.fp16`` and ``Compression.bf16`` cast floating-point
+    gradients on the wire (lossless apart from rounding; pass the attribute, not a call).
+    ``Compression.powersgd(...)`` and ``Compression.topk(...)`` are lossy compressors with error
+    feedback: they send a fraction of the bytes and keep what they miss for the next step. All
+    of them run under every policy, ``auto`` included; the factors or entries travel as blocks
+    of the plan (docs/compression.md). Horovod's ``hvd.Compression.none`` / ``fp16`` are
+    accepted too.
+    """
 
     none = NoneCompressor
     fp16 = FP16Compressor
@@ -121,6 +194,27 @@ class Compression:
 
     @staticmethod
     def powersgd(rank: int = 1, start_step: int = 0, min_ratio: float = 2.0) -> PowerSGD:
+        """PowerSGD: each matrix gradient travels as two rank-`rank` factors.
+
+        The arguments are checked by the same rules as their knobs (COMMSCHED_POWERSGD_RANK,
+        COMMSCHED_POWERSGD_START_STEP, COMMSCHED_POWERSGD_MIN_RATIO).
+
+        Args:
+            rank: rank of the P and Q factors, 1 to 1024, capped per tensor at min(n, m)
+                (where the average is reproduced exactly). Higher: closer to the true average,
+                more bytes.
+            start_step: iterations exchanged uncompressed before compression starts (a
+                warm-up), 0 or more.
+            min_ratio: a tensor (viewed as n x m) is compressed only if its factors are at least
+                this many times smaller than it, at least 1; 1-D tensors never are.
+
+        Returns:
+            The compressor's settings, for ``compression=``.
+
+        Raises:
+            ConfigError: an argument has a value its knob does not allow; the message names it
+                and what is allowed.
+        """
         call = "Compression.powersgd()"
         return PowerSGD(_checked("powersgd_rank", rank, call),
                         _checked("powersgd_start_step", start_step, call),
@@ -128,6 +222,20 @@ class Compression:
 
     @staticmethod
     def topk(ratio: float = 0.01) -> TopK:
+        """Top-k: each compressed gradient sends its `ratio` share of largest-magnitude entries.
+
+        Tensors whose k values and k indices would not halve their bytes (biases, small
+        layers) are exchanged as usual. The argument is checked as COMMSCHED_TOPK_RATIO is.
+
+        Args:
+            ratio: the share of entries sent, in (0, 1].
+
+        Returns:
+            The compressor's settings, for ``compression=``.
+
+        Raises:
+            ConfigError: `ratio` is not a number in (0, 1].
+        """
         return TopK(_checked("topk_ratio", ratio, "Compression.topk()"))
 
 
@@ -145,7 +253,11 @@ def from_config(cfg: Config) -> type[Compressor] | LossyCompression:
 
 
 def resolve(compression: Any) -> type[Compressor] | LossyCompression:
-    """Accepts ours or Horovod's ``hvd.Compression.none`` / ``fp16``."""
+    """What ``compression=`` names: ours, or Horovod's ``hvd.Compression.none`` / ``fp16``.
+
+    Raises:
+        ValueError: anything else; the message lists what is accepted.
+    """
     if isinstance(compression, (PowerSGD, TopK)):
         return compression
     if isinstance(compression, type) and issubclass(compression, Compressor):
@@ -170,6 +282,7 @@ def split(compression: type[Compressor] | LossyCompression
 # -- the math (pure; the tests compare it with float64 references) --------------------------------
 
 def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
+    """(n, m): a tensor of `shape` viewed as a matrix, first dimension by the rest."""
     return int(shape[0]), math.prod(shape[1:])
 
 
@@ -182,8 +295,9 @@ def initial_q(m: int, rank: int, seed: int, dtype: torch.dtype,
 
 
 def orthogonalise_(p: torch.Tensor) -> torch.Tensor:
-    """The columns of `p` replaced, in place, by an orthonormal basis of a space that contains
-    them: the Q factor of Householder QR (LAPACK's, or the device library's).
+    """Replaces the columns of `p`, in place, by an orthonormal basis of a space containing them.
+
+    The basis is the Q factor of Householder QR (LAPACK's, or the device library's).
 
     Note [Dependent columns of P]
     A gradient's rank can be below the factors' (a linear layer's gradient has at most the
@@ -205,7 +319,8 @@ def orthogonalise_(p: torch.Tensor) -> torch.Tensor:
     iteration for the 18 compressed matrices (rank 4) of the built-in Transformer on one CPU
     core, against 0.5-0.7 ms with one QR each (scripts/powersgd_cost.py). DDP's PowerSGD hook
     also takes QR above rank 2. Half precision has no QR kernel: its P (n x r, small) goes through
-    float32."""
+    float32.
+    """
     work = p if p.dtype in (torch.float32, torch.float64) else p.float()
     basis, _ = torch.linalg.qr(work)
     # + 0 x each column's norm: nothing, or NaN where the column was not finite.
@@ -214,22 +329,28 @@ def orthogonalise_(p: torch.Tensor) -> torch.Tensor:
 
 
 def powersgd_p(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """PowerSGD's first factor, P = M Q (n x r), before its all-reduce."""
     return m @ q
 
 
 def powersgd_q(m: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
+    """PowerSGD's second factor, Q = M^T P (m x r), from the orthogonalised, averaged P."""
     return m.T @ p_hat
 
 
 def powersgd_approx(p_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The rebuilt gradient P Q^T (n x m) from the averaged factors."""
     return p_hat @ q.T
 
 
 def warm_start_(q: torch.Tensor, new_q: torch.Tensor) -> torch.Tensor:
-    """The next step's Q, into `q`: this step's, except where a column came out zero (M has
-    nothing along that column of P, Note [Dependent columns of P]): it would stay zero; the old
-    one is kept. So is it where the new column is not finite (an overflowing step under AMP's
-    loss scaler, which skips that step): one bad step must not poison every later one."""
+    """Writes the next step's Q into `q`: this step's, column by column where it is usable.
+
+    A column that came out zero (M has nothing along that column of P, Note [Dependent columns
+    of P]) would stay zero; the old one is kept. So is it where the new column is not finite (an
+    overflowing step under AMP's loss scaler, which skips that step): one bad step must not
+    poison every later one.
+    """
     size = new_q.abs().sum(dim=0)  # 0: zero column; inf or NaN: not finite
     return q.copy_(torch.where((size > 0) & (size < float("inf")), new_q, q))
 
@@ -293,10 +414,14 @@ def topk_combine(numel: int, values: torch.Tensor, indices: torch.Tensor, scale:
 def simulate_powersgd(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
                       q: torch.Tensor, scale: float | None = None
                       ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-    """One step over every rank's matrix gradient: (the approximation of the reduced gradient,
-    new residuals, the next warm-start Q). `scale` multiplies each sum (default: 1 / world,
-    Average; 1 for Sum). Sums in rank order, as the engine's collectives may not: compare to
-    tolerance."""
+    """One PowerSGD step over every rank's matrix gradient, in one process, for the tests.
+
+    `scale` multiplies each sum (default: 1 / world, Average; 1 for Sum). Sums in rank order,
+    as the engine's collectives may not: compare to tolerance.
+
+    Returns:
+        (the approximation of the reduced gradient, new residuals, the next warm-start Q).
+    """
     scale = 1.0 / len(grads) if scale is None else scale
     ms = [g + e for g, e in zip(grads, residuals, strict=True)]
     p = orthogonalise_(sum((powersgd_p(m, q) for m in ms), torch.zeros_like(ms[0] @ q)) * scale)
@@ -307,8 +432,13 @@ def simulate_powersgd(grads: Sequence[torch.Tensor], residuals: Sequence[torch.T
 
 def simulate_topk(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: int,
                   scale: float | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One top-k step over every rank's gradient: (the reduced gradient, new residuals);
-    `scale` as for simulate_powersgd."""
+    """One top-k step over every rank's gradient, in one process, for the tests.
+
+    `scale` as for simulate_powersgd.
+
+    Returns:
+        (the reduced gradient, new residuals).
+    """
     scale = 1.0 / len(grads) if scale is None else scale
     ms = [g + e for g, e in zip(grads, residuals, strict=True)]
     picked = [topk_select(m, k) for m in ms]

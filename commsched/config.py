@@ -21,10 +21,26 @@ ENV_PREFIX = "COMMSCHED_"
 
 
 class ConfigError(ValueError):
-    """A knob has a value that is not allowed."""
+    """A knob has a value that is not allowed, or a knob's name is unknown.
+
+    Raised by load_config(), and so by DistributedOptimizer(), init() and everything else that
+    reads the knobs, and by ``Compression.powersgd()`` / ``topk()`` for their arguments. The
+    message names where the value came from (keyword argument, environment variable, YAML key
+    in the file named by COMMSCHED_CONFIG, Horovod's twin variable), the value and what is
+    allowed; for a misspelt name or choice it suggests the closest known one. It is a
+    ValueError, as Horovod's errors for bad arguments are.
+    """
 
 
 class Policy(enum.StrEnum):
+    """The scheduling policies, by the name COMMSCHED_POLICY and ``policy=`` take.
+
+    ``horovod``, ``ddp`` and ``mgwfbp`` are synchronous (step() waits for every gradient);
+    ``bytescheduler``, ``prophet`` and ``dear`` overlap iterations (each update is applied in
+    the next forward pass, which needs ``model=``); ``auto`` simulates the others and keeps the
+    fastest (docs/policies.md). A str enum: ``Policy.DDP == "ddp"``.
+    """
+
     HOROVOD = "horovod"
     DDP = "ddp"
     MGWFBP = "mgwfbp"
@@ -45,6 +61,8 @@ class Policy(enum.StrEnum):
 
 
 class Kind(enum.Enum):
+    """What sort of value a knob takes; the value is the phrase its errors use."""
+
     BYTES = "a byte size: an integer or a number with a unit B, KB, MB, GB, KiB, MiB, GiB"
     SECONDS = "a number of seconds"
     MILLISECONDS = "a number of milliseconds"
@@ -56,6 +74,8 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Knob:
+    """One knob's declaration: its name, kind, default, documentation and allowed values."""
+
     key: str
     kind: Kind
     default: Any
@@ -68,9 +88,11 @@ class Knob:
 
     @property
     def env(self) -> str:
+        """The knob's environment variable, ``COMMSCHED_`` and the key in upper case."""
         return ENV_PREFIX + self.key.upper()
 
     def allowed(self) -> str:
+        """What the knob allows, as its errors say it ("a number of seconds > 0 and <= ...")."""
         if self.kind is Kind.CHOICE:
             return "one of " + ", ".join(self.choices)
         bounds = []
@@ -81,8 +103,10 @@ class Knob:
         return self.kind.value + (" " + " and ".join(bounds) if bounds else "")
 
     def _bound(self, value: float) -> str:
-        """A byte size's bound in the largest unit the parser takes that divides it (1024GiB,
-        not 1099511627776)."""
+        """A byte size's bound in the largest unit the parser takes that divides it.
+
+        So 1024GiB, not 1099511627776.
+        """
         if self.kind is Kind.BYTES and value > 0:
             for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
                 if value % size == 0:
@@ -159,6 +183,8 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
 @dataclass(frozen=True)
 class Config:
+    """Every knob's resolved value, by its key (the README's knobs table says what each does)."""
+
     policy: Policy
     timeout: float
     stall_warning: float
@@ -181,6 +207,7 @@ class Config:
     auto_trials: int = 2
 
     def as_dict(self) -> dict[str, Any]:
+        """The knobs as plain values by key (the policy as its name), for logs and checks."""
         out = dataclasses.asdict(self)
         out["policy"] = self.policy.value
         return out
@@ -250,8 +277,10 @@ def _did_you_mean(knob: Knob, value: Any) -> str:
 
 
 def _unknown(what: str, name: str, known: Sequence[str], label: str = "known") -> str:
-    """An unknown knob name's error: the closest known name first when one is close
-    ('COMMSCHED_POLICYY'), then every known one."""
+    """An unknown knob name's error: the closest known name if one is close, then all of them.
+
+    'COMMSCHED_POLICYY', say, is answered with COMMSCHED_POLICY first.
+    """
     return f"{what}{_closest(name, known)}; {label}: " + ", ".join(known)
 
 
@@ -307,7 +336,8 @@ class KnobSource:
     """One knob's resolved value and where it came from.
 
     `where` is the phrase errors use ("environment variable COMMSCHED_POLICY", "YAML key
-    'policy' in configs/ddp.yaml", "default of policy")."""
+    'policy' in configs/ddp.yaml", "default of policy").
+    """
 
     key: str
     value: Any
@@ -317,7 +347,27 @@ class KnobSource:
 
 def load_config(overrides: Mapping[str, Any] | None = None,
                 environ: Mapping[str, str] | None = None) -> Config:
-    """Resolves every knob by precedence and validates it."""
+    """Resolves every knob by precedence and validates it.
+
+    The precedence: `overrides` (keyword arguments), then ``COMMSCHED_*`` environment
+    variables, then the YAML file named by COMMSCHED_CONFIG, then Horovod's twin variables
+    (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME), then the default. An empty variable and a
+    None value count as unset. DistributedOptimizer calls it with its keyword arguments; call it
+    yourself to see what a job will run with (``python -m commsched info`` prints the same with
+    each value's source).
+
+    Args:
+        overrides: knob values by lower-case key, ahead of every other source (None values
+            unset), e.g. ``{"policy": "ddp", "fusion_threshold": "64MiB"}``.
+        environ: the environment to read; None reads os.environ.
+
+    Returns:
+        Every knob's value, converted (byte sizes to int, the policy to Policy) and checked.
+
+    Raises:
+        ConfigError: a value is not allowed, or a key of `overrides`, a ``COMMSCHED_*``
+            variable or a YAML key is unknown, or the YAML file cannot be read or parsed.
+    """
     values = {key: resolved.value for key, resolved in _resolve(overrides, environ).items()}
     return Config(**values)
 
@@ -385,6 +435,8 @@ STALL_WARNING_SHARE = 0.2  # of the timeout: 60 s for the default 300 s
 
 
 def default_stall_warning(timeout: float) -> float:
-    """COMMSCHED_STALL_WARNING when unset: a fifth of the timeout, so that rank 0's warning about
-    a late rank always comes before the error that the timeout raises."""
+    """COMMSCHED_STALL_WARNING when unset: a fifth of the timeout.
+
+    So rank 0's warning about a late rank always comes before the error the timeout raises.
+    """
     return timeout * STALL_WARNING_SHARE

@@ -1,7 +1,8 @@
-"""``python -m commsched info``: what this installation is made of, in the spirit of
-``horovodrun --check-build``: versions of commsched, torch and Horovod, the torch that
-``commsched._C`` was compiled against, the torch.distributed backends, CUDA, and every knob in
-effect with where its value came from.
+"""``python -m commsched info``: what this installation is made of.
+
+In the spirit of ``horovodrun --check-build``: versions of commsched, torch and Horovod, the
+torch that ``commsched._C`` was compiled against, the torch.distributed backends, CUDA, and
+every knob in effect with where its value came from.
 
 It also holds `check_extension`, which imports ``commsched._C`` and turns a wrong build (compiled
 against another torch, an undefined symbol) into one error that names both torch versions and the
@@ -30,8 +31,12 @@ REBUILD = ("rebuild it against this torch: `pip install --no-build-isolation --f
 
 
 class ExtensionBuildError(ImportError):
-    """commsched._C cannot run with this process's torch: compiled against another one, or not
-    loadable at all (an undefined symbol, not built)."""
+    """commsched._C cannot run with this process's torch.
+
+    It was compiled against another torch, or cannot be loaded at all (an undefined symbol, not
+    built). ``import commsched`` raises it; the message names both torch versions and how to
+    rebuild.
+    """
 
 
 def build_info(package_dir: str | None = None) -> dict[str, Any] | None:
@@ -108,8 +113,10 @@ def _version(distribution: str) -> str | None:
 
 
 def _horovod_lines() -> tuple[list[str], bool]:
-    """Horovod's part of the report, and whether it is sound (absent counts as sound: it is an
-    optional extra)."""
+    """Horovod's part of the report, and whether it is sound.
+
+    Absent counts as sound: Horovod is an optional extra.
+    """
     from .world.errors import HOROVOD_INSTALL
 
     spec = importlib.util.find_spec("horovod")

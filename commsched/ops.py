@@ -6,6 +6,13 @@ import enum
 
 
 class ReduceOp(enum.IntEnum):
+    """How DistributedOptimizer's ``op=`` combines the ranks' gradients.
+
+    ``Average`` (the default) is the mean over ranks, ``Sum`` the sum; ``Adasum`` exists for
+    Horovod's numbering only and is refused. The values are Horovod's, so ``hvd.Average`` and
+    ``hvd.Sum`` work as ``op=`` too.
+    """
+
     AVERAGE = 0
     SUM = 1
     ADASUM = 2
@@ -17,6 +24,11 @@ Adasum = ReduceOp.ADASUM
 
 
 def resolve_op(op: object) -> ReduceOp:
+    """The ReduceOp that `op` (ours, or Horovod's number) stands for.
+
+    Raises:
+        ValueError: `op` is no reduction op, or is Adasum, which commsched does not support.
+    """
     try:
         resolved = ReduceOp(int(op))  # type: ignore[call-overload]
     except (TypeError, ValueError):

@@ -48,8 +48,11 @@ _ZERO_GRAD_PENDING = (
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    """Mixed in front of the user's optimizer class. Its own attributes: ``session`` (the run)
-    and two flags of Horovod's synchronize()/step() protocol."""
+    """The wrapper's methods, mixed in front of the user's optimizer class.
+
+    Its own attributes: ``session`` (the run) and the flags of Horovod's synchronize()/step()
+    protocol. DistributedOptimizer makes the class; users never name it.
+    """
 
     session: Session
 
@@ -66,22 +69,44 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def plan(self) -> Plan:
-        """The plan the engine runs now."""
+        """The plan the engine runs now: its policy, blocks and fingerprint.
+
+        Each block is the gradients (or partitions of them) fused into one collective, in the
+        order they go. During the first ``profile_steps`` steps it is the profiling plan (one
+        collective per tensor); the policy's own plan replaces it after them and at each re-plan
+        (docs/policies.md, "Profiling and planning"). Read it to see what a policy does with
+        your model; it is the same on every rank.
+
+        Raises:
+            RuntimeError: in an elastic Horovod job before the first step, where the plan is
+                made with the world of that step.
+        """
         return self.session.plan
 
     @property
     def _parameter_names(self) -> dict[torch.Tensor, str]:
-        """Horovod's private {parameter: name} map, which Horovod's own tests read (with no
-        named_parameters, generated names, unique and equal on every rank)."""
+        """Horovod's private {parameter: name} map, which Horovod's own tests read.
+
+        With no named_parameters the names are generated, unique and equal on every rank.
+        """
         return dict(self.session.names)
 
     @property
     def auto(self) -> AutoState | None:
-        """What policy 'auto' chose and how its prediction held up (None for other policies)."""
+        """What policy ``auto`` chose and how its prediction held up; None under other policies.
+
+        ``auto.summary()`` gives the choice, its knobs, the predicted and measured iteration
+        times, whether it re-planned and the ranking of every candidate; ``auto.history`` holds
+        one entry per plan it installed and what it measured (docs/policies.md, "auto").
+        """
         return self.session.lifecycle.auto
 
     @property
     def backward_passes_per_step(self) -> int:
+        """Backward passes summed locally before one reduction.
+
+        Assigning it calls set_backward_passes_per_step(), which checks the value.
+        """
         return self.session.passes
 
     @backward_passes_per_step.setter
@@ -89,7 +114,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.set_backward_passes_per_step(passes)
 
     def synchronize(self) -> None:
-        """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
+        """Reduces this iteration's gradients into ``p.grad`` and waits until every one is there.
+
+        A gradient this rank did not produce counts as zeros, as in Horovod. Call it where the
+        averaged gradients are needed before the update: to clip by global norm, to
+        ``scaler.unscale_()`` under a GradScaler (Horovod's recipe), or to precondition them
+        (K-FAC); then call step() inside skip_synchronize(), or it reduces again and warns.
+        Under an overlap plan it first applies the updates still pending (as flush() does), and
+        the gradients are final when it returns instead of in the next forward pass.
+
+        Raises:
+            RankFailureError: a collective failed or timed out (COMMSCHED_TIMEOUT); the message
+                names the ranks that hold this one up and how (docs/failures.md).
+            MismatchError: the ranks built different plans (compared before a new plan's first
+                collective).
+        """
         self.session.synchronize()
         self._cs_synchronized = True
         self._cs_synchronized_for_scaler = False
@@ -146,13 +185,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             attributes.update(grad_scale=grad_scale, found_inf=found_inf)
 
     def flush(self) -> None:
-        """Applies every update still pending from cross-iteration overlap; a training loop
-        calls it where it stops for a while (evaluation, checkpoint), and the profile leaves
-        that stop out of the next iteration's compute."""
+        """Applies every update still pending from an overlap plan, so the parameters are current.
+
+        Under bytescheduler, prophet and dear (or ``auto``'s choice of one) step() leaves each
+        update to the next forward pass. Call flush() where the training loop stops for a while
+        (an evaluation, a checkpoint) or before reading parameters some other way (``p.data``, a
+        ``model.load_state_dict()`` mid-run): the profile then also leaves that stop out of the
+        next iteration's compute. synchronize(), state_dict(), load_state_dict(), any module's
+        state_dict() and commsched.shutdown() flush by themselves. Under a synchronous plan
+        nothing is pending.
+
+        Raises:
+            RankFailureError: a block the pending updates wait for failed or timed out.
+        """
         self.session.flush(pause=True)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
+        """Makes step() use the gradients as they are, after an explicit synchronize().
+
+        Horovod's protocol: ``optimizer.synchronize()``, work on the averaged gradients
+        (clipping, ``scaler.unscale_()``, K-FAC), then ``optimizer.step()`` (or
+        ``scaler.step(optimizer)``) inside this block, which neither reduces again nor warns.
+        step() inside the block does not reduce at all, so call synchronize() before it.
+
+        Yields:
+            Nothing; the block runs the step.
+        """
         self._cs_should_synchronize = False
         try:
             yield
@@ -161,21 +220,61 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Gradient accumulation, as DDP's ``no_sync()``: backward passes inside the block
-        accumulate their gradients locally in ``p.grad`` and send nothing; the next backward
-        outside it hands over the sum, which is averaged as usual.
+        """Gradient accumulation, as DDP's ``no_sync()``, under every policy.
+
+        Backward passes inside the block accumulate their gradients locally in ``p.grad`` and
+        send nothing; the next backward pass outside it adds its own and hands over the sum,
+        which is averaged as usual at step() (Note [Accumulating without sending] in
+        csrc/gradient_intake.h). Run every micro-batch but the last inside the block, the last
+        outside it, then step(). If the last backward pass ran inside the block (an epoch's
+        end), step() still averages what accumulated, while zero_grad() drops it with a
+        warning. Nested blocks count as one; in a world of one there is nothing to hold back.
 
         Yields:
             Nothing; the block runs the micro-batches whose gradients accumulate.
 
         Raises:
             RuntimeError: a backward pass outside the block already sent gradients of this
-                iteration (step() has not been called since).
+                iteration (step() has not been called since): they are being averaged in place
+                in ``p.grad``, where the block would accumulate.
         """
         with self.session.no_sync():
             yield
 
     def step(self, closure: Any = None) -> Any:
+        """Completes the iteration's reduction and updates the parameters with your optimizer.
+
+        Under a synchronous plan (horovod, ddp, mgwfbp) it launches the gradients this rank did
+        not produce (as zeros), waits for every block and runs your optimizer's own step. Under
+        an overlap plan (bytescheduler, prophet, dear) it launches what is left and returns: each
+        parameter's update is applied in the next forward pass, before the first module that
+        uses it, by your optimizer with its own state and hyper-parameters (docs/policies.md).
+        Inside skip_synchronize() it steps on the gradients as synchronize() left them.
+
+        ``scaler.step(optimizer)`` of torch.amp.GradScaler works under every policy, in DDP's
+        recipe and in Horovod's (Note [GradScaler asks before it unscales]): the scaler checks
+        the averaged gradients, so an overflow on any rank skips the update on every rank, and
+        under an overlap plan a scaled update is made here, at step().
+
+        Args:
+            closure: re-evaluates the model and returns the loss, as for torch's step(); not
+                possible where the update is deferred to the next forward pass.
+
+        Returns:
+            What your optimizer's step returns (the closure's loss, or None); None where the
+            update is deferred or skipped after an overflow.
+
+        Raises:
+            ValueError: a closure under an overlap plan, which defers the update.
+            RuntimeError: ``scaler.unscale_(optimizer)`` read the gradients before
+                synchronize() averaged them; the message names the two recipes that work.
+            RankFailureError: a collective failed or timed out (COMMSCHED_TIMEOUT).
+            MismatchError: the ranks built different plans.
+
+        Warns:
+            UserWarning: synchronize() was called before step() outside skip_synchronize()
+                (Horovod's warning): the gradients are reduced a second time.
+        """
         if "found_inf" in vars(self):  # GradScaler set it for this call
             return self._cs_scaled_step(closure)
         session = self.session
@@ -200,13 +299,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return session.update(lambda: session.deferred.base_step(self, closure), closure)
 
     def _cs_local_step(self) -> Any:
-        """The user optimizer's own step, with no reduction (see Note [local step] in
-        commsched.world.broadcast): only the calling rank runs it."""
+        """The user optimizer's own step, with no reduction: only the calling rank runs it.
+
+        See Note [local step] in commsched.world.broadcast.
+        """
         return super().step()
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state plus a ``commsched`` entry (plan, iteration, pending profiling), which
-        a plain torch optimizer ignores when it loads this."""
+        """Returns your optimizer's state plus a ``commsched`` entry to resume the run from.
+
+        The entry holds the policy, the installed plan, the iteration, whether profiling and
+        re-planning are still to come, ``auto``'s bookkeeping and a lossy compressor's state.
+        It is made of plain values and tensors, so ``torch.load(..., weights_only=True)`` reads
+        it, and a plain torch optimizer ignores it when it loads the state. Updates still
+        pending from an overlap plan are applied first, so the state matches the parameters.
+        In an elastic Horovod job before the first step there is no plan and no entry.
+
+        Returns:
+            torch's ``state`` and ``param_groups``, and ``commsched`` (see docs/usage.md,
+            "Checkpoints").
+        """
         # Not a pause: some loops save every step (Note [A pause is not compute]).
         self.session.flush()
         state = super().state_dict()
@@ -216,8 +328,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Also restores the saved plan and position when ``state_dict`` has a ``commsched``
-        entry (call it on every rank, or on one rank followed by broadcast_optimizer_state)."""
+        """Loads your optimizer's state, and the plan and iteration in its ``commsched`` entry.
+
+        With the entry a resumed job runs the saved plan at once instead of profiling again, and
+        continues bit for bit. Call it on every rank, or on rank 0 followed by
+        broadcast_optimizer_state(); it starts no collective (the ranks compare what they
+        restored before the next one). A state without the entry (a plain optimizer's) loads as
+        torch loads it, and the run keeps profiling and planning as it would have. Updates still
+        pending from an overlap plan are applied first.
+
+        Args:
+            state_dict: what state_dict() of a wrapped optimizer (or of a plain one of the same
+                class and parameters) returned.
+
+        Raises:
+            ValueError: the entry does not fit this wrapper: another entry version, another
+                policy, other tensors, lossy compression on one side only, or an overlap plan
+                while this wrapper has no ``model=``; the message names the difference and that
+                dropping the entry profiles and plans afresh. torch raises ValueError too for
+                param groups that do not match.
+        """
         self.session.flush()  # not a pause, as in state_dict()
         self.session.hook_gradients()  # the restored plan may be another, or not yet settled
         entry = state_dict.get(checkpoint.KEY)
@@ -229,6 +359,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             checkpoint.restore(self.session, entry)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears the gradients, as your optimizer's own method does.
+
+        Args:
+            set_to_none: set ``p.grad`` to None rather than to zeros, as in torch.
+
+        Raises:
+            AssertionError: called after ``loss.backward()`` handed gradients over and before
+                step() or synchronize() (Horovod's rule): the engine is still reducing them in
+                place in ``p.grad``.
+
+        Warns:
+            UserWarning: gradients accumulated under no_sync() were never averaged or applied
+                (the last backward pass ran inside the block) and are dropped; call step()
+                before zero_grad() to keep them.
+        """
         if self.session.pending:  # never while passing through: no hook hands a gradient over
             raise AssertionError(_ZERO_GRAD_PENDING)
         if self.session.held_back:
@@ -247,6 +392,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super().zero_grad(set_to_none=set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
+        """Sets how many backward passes are summed locally before one reduction, as Horovod's.
+
+        Each gradient goes to the engine after its `passes`-th backward pass, and step() is
+        called once per `passes` backward passes. Call it between iterations, on every rank:
+        the count starts again from zero.
+
+        Args:
+            passes: backward passes per step, at least 1.
+
+        Raises:
+            ValueError: `passes` is not positive.
+        """
         if passes <= 0:
             raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
         self.session.set_passes(passes)
@@ -268,10 +425,81 @@ def DistributedOptimizer(  # Horovod's name: called like a class
         **knobs: Any) -> _DistributedOptimizer:
     """Wraps `optimizer` so that gradients are averaged across ranks by commsched's engine.
 
-    `process_set` (Horovod's, since 0.23): an ``hvd.ProcessSet`` or a list of global ranks;
-    gradients are averaged within it only, and a rank outside it steps on its own gradients.
-    Keyword arguments beyond Horovod's override any knob (see commsched.config.KNOBS).
-    ``compression`` defaults to what COMMSCHED_COMPRESSION names (``none`` unless set).
+    Horovod's ``hvd.DistributedOptimizer``, called the same way and with the same semantics: the
+    result is an instance of a class made on the fly that derives from ``type(optimizer)``, so
+    ``isinstance`` checks, LR schedulers and ``state_dict()`` keep working. It shares
+    `optimizer`'s param groups and state; use it in place of `optimizer` from then on. Every rank
+    wraps at the same point of its program, with the same parameters and settings; the wrap
+    joins the world (init()) if nothing did yet.
+
+    During ``loss.backward()`` each gradient goes to the engine as soon as it is accumulated,
+    and the policy's plan decides which gradients are fused into one collective and in which
+    order they go. The first ``profile_steps`` steps profile; then every rank builds the same
+    plan from the world's profile (docs/policies.md). A dropped wrapper releases its engine's
+    threads and process groups. Models compiled with ``torch.compile`` run under every policy
+    (Note [Module hooks under torch.compile] in runtime/overlap_support.py).
+
+    Args:
+        optimizer: the torch optimizer to wrap; it keeps its param groups, hyper-parameters and
+            state, and its own step() makes every update.
+        named_parameters: ``model.named_parameters()``: names for the gradients, in the order
+            the model declares them, which the planners take for the forward order. Names must
+            be unique and cover every parameter of `optimizer`. None: generated names
+            (``allreduce.noname.<i>``) in the optimizer's order.
+        compression: a cast on the wire (``Compression.none``, ``Compression.fp16``,
+            ``Compression.bf16``, or Horovod's ``hvd.Compression.none`` / ``fp16``) or a lossy
+            compressor with error feedback (``Compression.powersgd(...)``,
+            ``Compression.topk(...)``). None: what COMMSCHED_COMPRESSION names (none unless set).
+        backward_passes_per_step: backward passes summed locally before one reduction
+            (Horovod's accumulation; no_sync() is DDP's way to do the same).
+        op: ``Average`` (the mean over ranks) or ``Sum``; Horovod's ``hvd.Average`` and
+            ``hvd.Sum`` are accepted too.
+        gradient_predivide_factor: with ``op=Average``, gradients are divided by this factor
+            before the sum and by ``size() / factor`` after it, as in Horovod (to keep
+            half-precision sums in range).
+        num_groups: Horovod's deprecated spelling of an integer `groups` (warns).
+        groups: an integer splits the parameters into that many groups of consecutive
+            parameters; a list of lists of tensors names the groups. The gradients of one group
+            (and one dtype) always travel together, in one block. 0 or None: the policy alone
+            decides what is fused.
+        sparse_as_dense: reduce the sparse gradients of ``sparse=True`` embeddings as dense
+            tensors (handed back sparse) instead of all-gathering their rows (docs/usage.md,
+            "Sparse gradients").
+        process_set: an ``hvd.ProcessSet`` or a list of global ranks: gradients are averaged
+            within the set only, and a rank outside it steps on its own gradients. Only the
+            members need to wrap.
+        model: the model whose forward pass commsched may hook; pass the compiled module when
+            the model is compiled. The overlap policies (bytescheduler, prophet, dear) need it,
+            because they apply each update in the next forward pass; ``auto`` considers them
+            only with it; sparse gradients of ``sparse=True`` modules are all-gathered only with
+            it. A model compiled with ``fullgraph=True`` forbids the graph breaks those hooks
+            make: the overlap policies are refused and ``auto`` plans synchronous policies only.
+        policy: the scheduling policy: ``horovod`` (default), ``ddp``, ``mgwfbp``,
+            ``bytescheduler``, ``prophet``, ``dear`` or ``auto``; it overrides COMMSCHED_POLICY
+            (docs/policies.md). None: the knob's other sources decide.
+        **knobs: any other knob by its lower-case name (``fusion_threshold="64MiB"``,
+            ``timeout=600``), ahead of its environment variable and YAML key in the knobs'
+            precedence (README, "Knobs"); None leaves a knob to its other sources.
+
+    Returns:
+        The wrapper, an instance of a subclass of ``type(optimizer)``: Horovod's synchronize(),
+        skip_synchronize() and set_backward_passes_per_step(), and no_sync(), flush(), ``plan``
+        and ``auto`` (docs/api.md lists them).
+
+    Raises:
+        TypeError: `optimizer` is not a ``torch.optim.Optimizer``.
+        ValueError: an argument Horovod refuses (backward_passes_per_step not a positive
+            integer, ``op=Adasum`` or no reduction op, gradient_predivide_factor not positive or
+            not 1 with ``op=Sum``, named_parameters with duplicate or missing names, malformed
+            groups, a process_set with ranks outside the world); an overlap policy without
+            `model`, with a model compiled with ``fullgraph=True``, or with an optimizer that
+            needs every gradient at once (LBFGS); in an elastic Horovod job, an overlap policy,
+            a process_set or a lossy compressor.
+        ConfigError: a knob's value is not allowed, or a keyword argument, ``COMMSCHED_*``
+            variable or YAML key is unknown; the message names the source and what is allowed.
+        MismatchError: the ranks wrap different parameters (names, shapes, dtypes) or settings.
+        RuntimeError: torch.distributed's own error where a peer fails while the ranks compare
+            their wraps or make the engine's process group.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)!r}")

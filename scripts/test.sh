@@ -8,6 +8,12 @@ scripts/setup.sh
 PY="$ROOT/.venv/bin/python"
 echo "== test: ruff" >&2
 "$ROOT/.venv/bin/ruff" check commsched tests
+# Docstrings (Google convention, pyproject.toml) of the modules that hold the public API,
+# docs/api.md: ruff selects rules per run, not per file.
+"$ROOT/.venv/bin/ruff" check --select D commsched/__init__.py commsched/__main__.py \
+  commsched/optimizer.py commsched/compression.py commsched/config.py commsched/info.py \
+  commsched/ops.py commsched/world/bootstrap.py commsched/world/broadcast.py \
+  commsched/world/errors.py commsched/kfac/__init__.py commsched/kfac/preconditioner.py
 echo "== test: mypy" >&2
 "$PY" -m mypy commsched tests
 echo "== test: pytest" >&2

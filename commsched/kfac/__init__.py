@@ -1,5 +1,8 @@
-"""Distributed K-FAC (SPD-KFAC): factors averaged on the engine as soon as they are computed,
-fused by the mgwfbp rule; decompositions placed on ranks longest-processing-time first."""
+"""Distributed K-FAC (SPD-KFAC) on commsched's engine: KFACPreconditioner (docs/kfac.md).
+
+Factors are averaged on the engine as soon as they are computed, fused by the mgwfbp rule;
+decompositions are placed on ranks longest-processing-time first.
+"""
 
 from .factors import ComputeMethod
 from .placement import Assignment, Placement, assign, lpt, makespan, round_robin

@@ -97,8 +97,21 @@ def _check_checkpoint(state: dict[str, Any], method: fx.ComputeMethod,
 
 
 class KFACPreconditioner:
-    """Preconditions the gradients of `model`'s nn.Linear and nn.Conv2d layers; other layers are
-    left to the plain optimizer. Hyper-parameters may be callables of the step number."""
+    """Distributed K-FAC (SPD-KFAC): replaces the gradients of `model`'s Linear and Conv2d layers.
+
+    Each preconditioned layer's gradient M becomes its K-FAC direction, (G ⊗ A + damping I)^-1
+    applied to M, KL-clipped; other layers keep their plain gradient for the optimizer. The
+    Kronecker factors A and G are computed by forward and output-gradient hooks and averaged
+    across ranks on an engine of their own as soon as they exist (fused by the ``mgwfbp`` rule);
+    the decompositions are spread over the ranks by load and shared by one all-gather. Use it
+    between ``optimizer.synchronize()`` and ``optimizer.step()`` inside
+    ``optimizer.skip_synchronize()`` (the module's example; docs/kfac.md has the formulas).
+
+    Attributes:
+        steps: step() calls so far; the argument of every schedule (callable hyper-parameter).
+        last_scale: the KL-clip factor the last step() applied (1.0: no clipping).
+        assignment: which rank computes which factor's decomposition (logged at INFO).
+    """
 
     def __init__(self, model: nn.Module, *, factor_update_steps: int | Callable[[int], int] = 1,
                  inv_update_steps: int | Callable[[int], int] = 10, damping: Schedule = 1e-3,
@@ -107,6 +120,42 @@ class KFACPreconditioner:
                  local_threshold: int = 128, skip_layers: Iterable[str] = (),
                  symmetric: bool = True, pipelined: bool = True,
                  profile_steps: int | None = None, grad_scaler: Any = None) -> None:
+        """Hooks `model`'s layers and joins the world; every rank constructs it alike.
+
+        `damping`, `factor_decay`, `kl_clip`, `lr`, `factor_update_steps` and `inv_update_steps`
+        may be callables of the step number (``steps``, from 0), checked when called.
+
+        Args:
+            model: the model whose nn.Linear and nn.Conv2d layers (weights that require grad)
+                are preconditioned; the factors live on the device of the first one's weight.
+            factor_update_steps: compute and average the factors every this many steps.
+            inv_update_steps: recompute the decompositions every this many steps.
+            damping: Tikhonov damping added to the factors' Kronecker product, >= 0.
+            factor_decay: running-average weight of the old factors, in [0, 1).
+            kl_clip: bound of the KL clip on the update's size, >= 0; None or 0: no clipping.
+            lr: the optimizer's learning rate, which the KL clip scales by, >= 0.
+            compute_method: ``"eigen"`` (eigendecompositions) or ``"inverse"`` (damped
+                inverses, the damping split evenly over the two factors).
+            placement: how decompositions are placed on ranks: ``"lpt"`` (longest processing
+                time first) or ``"round_robin"``.
+            local_threshold: factors of at most this dimension are decomposed on every rank,
+                with no traffic.
+            skip_layers: module names or class names (case-insensitive, exact) to leave alone.
+            symmetric: send only the upper triangles of the symmetric factors (about half the
+                bytes).
+            pipelined: hand each factor to the engine as soon as it is computed; False keeps
+                them until step(), for comparison.
+            profile_steps: factor updates sent one block per factor before the fused plan is
+                built; None: COMMSCHED_PROFILE_STEPS.
+            grad_scaler: a ``torch.amp.GradScaler``, or a callable returning the loss scale,
+                so that G is that of the unscaled loss; None without loss scaling.
+
+        Raises:
+            ValueError: a hyper-parameter out of range or of the wrong type, an unknown
+                compute_method or placement, no layer to precondition (after skip_layers), or
+                an elastic Horovod job, after which it could not re-form.
+            ConfigError: a ``COMMSCHED_*`` knob it reads has a value that is not allowed.
+        """
         _check_arguments(factor_update_steps, inv_update_steps, damping, factor_decay, kl_clip,
                          lr, local_threshold)
         self.method = _check_choice(fx.ComputeMethod, compute_method, "compute_method")
@@ -227,8 +276,22 @@ class KFACPreconditioner:
     # -- step ---------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Averages this step's factors, refreshes the decompositions when due, and replaces the
-        gradients of the preconditioned layers by their K-FAC directions (KL-clipped)."""
+        """Replaces the preconditioned layers' gradients by their K-FAC directions.
+
+        On a factor-update step it first waits for this step's factors, averaged across ranks,
+        and folds them into the running averages; when decompositions are due it recomputes
+        those this rank owns and shares them; then it writes the KL-clipped directions into
+        ``.grad``. Call it on every rank after ``optimizer.synchronize()`` (collective on
+        factor-update steps), and with a GradScaler after ``scaler.unscale_(optimizer)`` so that
+        the KL clip sees true gradients.
+
+        Raises:
+            RuntimeError: the first decomposition found no factors: no forward and backward
+                pass of the model ran in training mode before it.
+            ValueError: a callable interval returned something other than an integer >= 1.
+            RankFailureError: a collective failed or timed out.
+            MismatchError: the ranks' factor plans differ.
+        """
         if self._updating_factors():
             self._update_factors()  # collective: on every rank, whatever ran here
         if self.steps % self._interval(self.inv_update_steps, "inv_update_steps") == 0:
@@ -324,11 +387,25 @@ class KFACPreconditioner:
     # -- checkpoints and shutdown ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """The preconditioner's state for a checkpoint, beside the optimizer's.
+
+        Returns:
+            The step count, each layer's running factors and decompositions, the compute method
+            and the factor exchange's plan and position.
+        """
         layers = {lay.name: {"a": lay.a, "g": lay.g, **lay.decomposition} for lay in self.layers}
         return {"steps": self.steps, "layers": layers, "compute_method": self.method.value,
                 "symmetric": self.symmetric, "factor_exchange": self.factors.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what state_dict() saved, on this rank, moving tensors to the factors' device.
+
+        Args:
+            state: what state_dict() of a preconditioner of the same layers returned.
+
+        Raises:
+            ValueError: `state` was saved with another compute_method, or for other layers.
+        """
         _check_checkpoint(state, self.method, [lay.name for lay in self.layers])
         saved = state["layers"]
         for layer in self.layers:
@@ -343,6 +420,7 @@ class KFACPreconditioner:
             self.factors.restore(state["factor_exchange"])
 
     def shutdown(self) -> None:
+        """Removes the layer hooks and stops the preconditioner's engines and their threads."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []

@@ -30,6 +30,8 @@ log = logging.getLogger("commsched")
 
 
 class Launcher(enum.StrEnum):
+    """How this process was started, which decides how init() finds the other ranks."""
+
     HOROVOD = "horovod"
     TORCHRUN = "torchrun"
     LONE = "lone"
@@ -38,6 +40,12 @@ class Launcher(enum.StrEnum):
 
 @dataclass
 class World:
+    """One process's view of the job: its rank among `size`, how it was launched, its groups.
+
+    commsched's own modules pass it around; users read the same facts through rank(), size()
+    and local_rank(). A process set's view (world.process_sets) is a World too.
+    """
+
     rank: int
     size: int
     local_rank: int
@@ -60,8 +68,10 @@ class World:
         return rank if self.members is None else self.members[rank]
 
     def fail(self, text: str) -> RankFailureError:
-        """The error for a failed collective of this world; marks the world broken (an elastic
-        job re-forms it at the next step, Note [Elastic Horovod])."""
+        """The error for a failed collective of this world; marks the world broken.
+
+        An elastic job re-forms a broken world at the next step (Note [Elastic Horovod]).
+        """
         self.broken = True
         return failure_type()(text)
 
@@ -75,6 +85,7 @@ class World:
                             ) from None  # its text holds err's, without the C++ frames
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, over the control group (all ranks call it)."""
         if self.size == 1:
             return [obj]
         out: list[Any] = [None] * self.size
@@ -82,10 +93,12 @@ class World:
         return out
 
     def new_data_group(self) -> Any | None:
-        """A process group of its own for one engine (all ranks call this together, at wrap
-        time): its collectives can then never interleave with another engine's, DDP's or the
-        user's own, which would pair different collectives across ranks once updates overlap
-        the next iteration."""
+        """A process group of its own for one engine (all ranks call this together, at wrap time).
+
+        Its collectives can then never interleave with another engine's, DDP's or the user's
+        own, which would pair different collectives across ranks once updates overlap the next
+        iteration.
+        """
         if self.size == 1:
             return None
         backend = dist.get_backend(self.process_group)
@@ -95,6 +108,7 @@ class World:
                                            timeout=datetime.timedelta(seconds=self.timeout)))
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """`obj` as rank `root` of this world has it (all ranks call it), over the control group."""
         if self.size == 1:
             return obj
         box = [obj if self.rank == root else None]
@@ -112,8 +126,10 @@ def _backend() -> str:
 
 
 def _address_towards(host: str, port: int) -> str:
-    """This host's address on the route to `host` (the rendezvous server): reachable by peers
-    that reach the server, without assuming loopback or a particular interface name."""
+    """This host's address on the route to `host` (the rendezvous server).
+
+    Peers that reach the server reach it too, without assuming loopback or an interface name.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((host, port))  # UDP: no packet is sent
         return str(probe.getsockname()[0])
@@ -138,9 +154,12 @@ def _interface_with_address(address: str) -> str | None:
 
 
 def _choose_gloo_interface(peer: str) -> None:
-    """Gloo binds to the address the host name resolves to, which is often 127.0.x.1: peers on
-    other hosts then dial their own loopback and the job times out. Unless the user chose an
-    interface (GLOO_SOCKET_IFNAME), use the one on the route to the rendezvous host."""
+    """Sets GLOO_SOCKET_IFNAME to the interface on the route to the rendezvous host `peer`.
+
+    Gloo binds to the address the host name resolves to, which is often 127.0.x.1: peers on
+    other hosts then dial their own loopback and the job times out. An interface the user chose
+    (GLOO_SOCKET_IFNAME) is kept.
+    """
     if os.environ.get("GLOO_SOCKET_IFNAME") or _backend() != "gloo":
         return
     try:
@@ -197,9 +216,11 @@ def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher,
 
 def _attempt_namespace() -> str:
     """The store's key prefix for this attempt of a torchrun job ("" outside torchrun's agent).
+
     The agent hosts one store for all restarts of the group (TORCHELASTIC_USE_AGENT_STORE) and
     keeps every key in it: a restarted rank would read the previous attempt's Gloo addresses and
-    dial ranks that are gone ("Connection refused"), or take stale heartbeats for its peers."""
+    dial ranks that are gone ("Connection refused"), or take stale heartbeats for its peers.
+    """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return ""
     return f"commsched/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -232,10 +253,40 @@ def _existing_world(timeout: float) -> World:
 
 
 def init(timeout: float | None = None, stall_warning: float | None = None) -> World:
-    """Initialises commsched once per process and returns the world; later calls return it.
-    `stall_warning` (a wrapped optimizer's resolved knob) is what rank 0's stall inspector uses
-    from then on, also when the world exists already: its default follows that optimizer's
-    timeout, which the world, made by an earlier ``commsched.init()``, may not know."""
+    """Joins the job's world of ranks, once per process; later calls return the same world.
+
+    How depends on the launcher. torch.distributed already initialised: its default group
+    (left to you to destroy). horovodrun (HOROVOD_RANK set): ``hvd.init()``, then a TCPStore
+    rendezvous whose address Horovod broadcasts. torchrun (RANK and WORLD_SIZE set): the
+    ``env://`` rendezvous, in a prefix of the attempt under ``--max-restarts``. Otherwise a
+    world of one, with no network at all. Collectives use NCCL where CUDA is available and Gloo
+    otherwise; Gloo binds to the interface on the route to the rendezvous host unless
+    GLOO_SOCKET_IFNAME is set. With more than one rank a heartbeat thread starts, which names
+    the culprit when a wait fails and makes rank 0 warn about late ranks (docs/failures.md).
+
+    Calling it is optional: a wrap or a broadcast calls it when nothing did, so a Horovod
+    script that calls ``hvd.init()`` works unchanged.
+
+    Args:
+        timeout: seconds that the rendezvous and every later wait may take; None:
+            COMMSCHED_TIMEOUT (300 unless set). Ignored once the world exists.
+        stall_warning: seconds a rank may wait before rank 0 warns (StallWarning), from now
+            on, also when the world exists already (a wrapped optimizer passes its resolved
+            knob, whose default follows its own timeout); None: unchanged, or for a new world
+            COMMSCHED_STALL_WARNING (a fifth of the timeout unless set).
+
+    Returns:
+        The world (commsched's internal record of this process's rank, size, local rank,
+        launcher and process groups).
+
+    Raises:
+        HorovodMissingError: started by horovodrun, but ``horovod.torch`` cannot be imported
+            (commsched.world.errors; the message says how to install it).
+        ConfigError: a ``COMMSCHED_*`` knob read here has a value that is not allowed.
+        RuntimeError: torch.distributed's rendezvous failed or timed out (its own errors, as
+            ``init_process_group`` raises them).
+        ValueError: torch.distributed found a rendezvous variable missing (MASTER_ADDR, say).
+    """
     global _world
     if _world is not None:
         if stall_warning is not None and _world.liveness is not None:
@@ -273,6 +324,12 @@ def _start_liveness(w: World, stall_warning: float | None) -> None:
 
 
 def world() -> World:
+    """The world init() made, for commsched's own modules.
+
+    Raises:
+        RuntimeError: commsched is not initialised, or was shut down; the message says to call
+            commsched.init().
+    """
     if _world is None:
         if _shut_down:
             raise RuntimeError("commsched was shut down (commsched.shutdown()): call "
@@ -282,13 +339,30 @@ def world() -> World:
 
 
 def is_initialized() -> bool:
+    """Tells whether commsched has a world now, without making one.
+
+    Returns:
+        True after init() (or a wrap or a broadcast that called it) until shutdown(); False
+        before it and after shutdown().
+    """
     return _world is not None
 
 
 def shutdown() -> None:
-    """Applies the updates overlap plans still defer (Note [The last deferred update] in
-    runtime/overlap_support.py), stops every engine and tears down the process group commsched
-    created."""
+    """Ends commsched in this process: applies deferred updates, stops engines, drops groups.
+
+    Applies the updates that overlap plans still defer to the next forward pass (Note [The last
+    deferred update] in runtime/overlap_support.py), so the model holds the last step's
+    parameters; stops every engine and its threads; destroys the process groups commsched
+    created (one you initialised before commsched stays yours); under horovodrun, shuts Horovod
+    down. Call it on every rank at the end of training: a rank that ends without it while others
+    still wait for it is reported to them as crashed or returned early. Calling it twice is
+    harmless, and init() may start commsched again afterwards.
+
+    Warns:
+        RuntimeWarning: a deferred update could not be applied (a peer gone, the world broken);
+            the warning says why, and shutdown goes on.
+    """
     global _world, _shut_down
     registry.apply_deferred()
     registry.shutdown_all()
@@ -334,8 +408,11 @@ def shutdown() -> None:
 
 
 def stale() -> bool:
-    """Whether the world must be (re-)formed before the next collective: none yet, a collective
-    failed, or Horovod re-initialised with other ranks (Note [Elastic Horovod])."""
+    """Whether the world must be (re-)formed before the next collective.
+
+    It must when there is none yet, a collective failed, or Horovod re-initialised with other
+    ranks (Note [Elastic Horovod]).
+    """
     w = _world
     if w is None or w.broken:
         return True
@@ -346,16 +423,20 @@ def stale() -> bool:
 
 
 def current(timeout: float, stall_warning: float | None) -> World:
-    """The world of now: the existing one, or in an elastic job a re-formed one when it is stale
-    (all ranks call this together at a step; Note [Elastic Horovod])."""
+    """The world of now: the existing one, or in an elastic job a re-formed one when it is stale.
+
+    All ranks call this together at a step (Note [Elastic Horovod]).
+    """
     if _world is not None and elastic() and stale():
         return reform()
     return init(timeout, stall_warning)
 
 
 def reform() -> World:
-    """Stops every engine, drops the process groups and forms the world anew from Horovod's
-    ranks of now, with the same timeout and stall warning. Horovod itself stays initialised."""
+    """Stops every engine, drops the process groups and forms the world anew from Horovod's ranks.
+
+    It keeps the timeout and stall warning; Horovod itself stays initialised.
+    """
     global _world, _generation
     old = _world
     assert old is not None
@@ -373,12 +454,40 @@ def reform() -> World:
 
 
 def rank() -> int:
+    """This process's rank, as ``hvd.rank()``: use it to let one rank log or save checkpoints.
+
+    Returns:
+        The rank in the whole world, 0 to size() - 1 (also for a member of a process set).
+
+    Raises:
+        RuntimeError: before init() (or a wrap or a broadcast) made the world, or after
+            shutdown().
+    """
     return world().rank
 
 
 def size() -> int:
+    """The number of ranks in the world, as ``hvd.size()``; 1 for a lone process.
+
+    Returns:
+        The number of processes in the job.
+
+    Raises:
+        RuntimeError: before init() made the world, or after shutdown().
+    """
     return world().size
 
 
 def local_rank() -> int:
+    """This process's rank on its host, as ``hvd.local_rank()``: the GPU it should use.
+
+    It comes from Horovod under horovodrun, LOCAL_RANK under torchrun, and is 0 for a lone
+    process. Typical use: ``torch.cuda.set_device(commsched.local_rank())``.
+
+    Returns:
+        The local rank, 0 to the number of ranks on this host - 1.
+
+    Raises:
+        RuntimeError: before init() made the world, or after shutdown().
+    """
     return world().local_rank

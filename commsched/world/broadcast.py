@@ -17,8 +17,22 @@ from .process_sets import root_within, world_for
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
-    """Copies parameters from `root_rank`: a state_dict or dict (sorted by name, as Horovod), or
-    a list of (name, tensor) pairs or of tensors."""
+    """Copies tensors from `root_rank` to every rank, in place, as Horovod's call does.
+
+    Call it on every rank after building the model (and after loading a checkpoint on the root)
+    so that all ranks start from the same parameters; buffers travel too when `params` is a
+    ``state_dict()``. It initialises commsched if nothing did yet.
+
+    Args:
+        params: ``model.state_dict()`` or another dict of tensors (sent in name order, as
+            Horovod), or ``model.named_parameters()`` (pairs of name and tensor), or tensors.
+            Every rank passes the same names, shapes and dtypes, in the same order.
+        root_rank: the global rank whose values every rank receives.
+
+    Raises:
+        ValueError: an entry of `params` is not a tensor (checked with more than one rank).
+        RuntimeError: torch.distributed's broadcast failed or timed out.
+    """
     w = init()
     if isinstance(params, dict):
         items = sorted(params.items())
@@ -36,12 +50,28 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
                               model: Any = None) -> None:
     """Makes every rank's optimizer state and hyper-parameters equal to `root_rank`'s.
 
-    A fresh optimizer has no state yet, so that a rank that has none would keep none, whatever
-    root holds (and root's own state would be empty too): as Horovod does, one step with zero
-    gradients first makes every state tensor exist. Unlike Horovod's, that step changes no
-    parameter (weight decay would) and gradients that existed are put back; parameters that
-    had none keep the zeros, as with Horovod. `model` (Horovod's argument) marks the
-    parameters of sparse embeddings, whose zero gradients are then sparse."""
+    Call it on every rank after broadcast_parameters(), or after loading a checkpoint on the
+    root only. A fresh optimizer has no state yet, so that a rank that has none would keep none,
+    whatever root holds (and root's own state would be empty too): as Horovod does, one step
+    with zero gradients, on each rank alone, first makes every state tensor exist. Unlike
+    Horovod's, that step changes no parameter (weight decay would) and gradients that existed
+    are put back; parameters that had none keep the zeros, as with Horovod. For a wrapped
+    optimizer the root's ``state_dict()`` carries its ``commsched`` entry, so the others also
+    take its plan and position (DistributedOptimizer.load_state_dict()). It initialises
+    commsched if nothing did yet.
+
+    Args:
+        optimizer: the optimizer to align, wrapped by DistributedOptimizer or plain; the same
+            class and parameters on every rank.
+        root_rank: the global rank whose state every rank receives.
+        model: Horovod's argument: the model, whose ``sparse=True`` modules' parameters then
+            get sparse zero gradients in the initialising step (as their optimizer expects).
+
+    Raises:
+        ValueError: the root's state does not fit this rank's optimizer (torch's
+            load_state_dict(), or a ``commsched`` entry for another plan or other tensors).
+        RuntimeError: torch.distributed's broadcast failed or timed out.
+    """
     w = init()
     if not optimizer.state and not isinstance(optimizer, torch.optim.LBFGS):
         _initialise_state(optimizer, model)  # also alone, as Horovod: the state then exists
@@ -78,9 +108,27 @@ def _initialise_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = None) -> Any:
-    """`obj` as `root_rank` has it (a global rank, also with a process set, as in Horovod).
-    `name` is accepted for Horovod's signature: commsched's broadcasts are ordered by the
-    group's call order, not matched by name."""
+    """Returns `obj` as `root_rank` has it, on every rank: Horovod's broadcast_object.
+
+    Use it for small picklable values the ranks must agree on (an epoch to resume from, a
+    random seed). It initialises commsched if nothing did yet.
+
+    Args:
+        obj: any picklable object; only the root's is read.
+        root_rank: the global rank that sends, also with a process set (as in Horovod).
+        name: accepted for Horovod's signature and ignored: commsched's broadcasts are matched
+            by the order of the calls, not by name.
+        process_set: an ``hvd.ProcessSet`` or a list of global ranks: the broadcast runs among
+            its members only, and only they call it. None: the whole world.
+
+    Returns:
+        The root's `obj` (the root gets its own back).
+
+    Raises:
+        ValueError: `root_rank` is not a member of `process_set`, or `process_set` is malformed
+            or holds ranks outside the world.
+        RuntimeError: torch.distributed's broadcast failed or timed out.
+    """
     del name
     w = world_for(init(), process_set)
     return w.broadcast_object(obj, root=root_within(w, root_rank))

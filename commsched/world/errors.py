@@ -14,14 +14,26 @@ _BACKTRACE = re.compile(r"^(Exception raised from .*\(most recent call first\):|
 
 
 class RankFailureError(RuntimeError):
-    """A collective failed or timed out. The message starts with the ranks that hold this one up
-    and how, from the heartbeats (world.liveness.diagnose): silent, left, or alive but stuck
-    (its iteration against the others', its phase and for how long, the gradients it has not
-    handed over), then the blocks this rank was waiting for."""
+    """A collective failed or timed out: another rank died, hung, left or fell behind.
+
+    Every waiting rank raises it within COMMSCHED_TIMEOUT plus a few seconds, from step(),
+    synchronize(), flush() and the other calls that wait. The message starts with the ranks
+    that hold this one up and how, from the heartbeats (world.liveness.diagnose): exited,
+    silent, left, or alive but stuck (its iteration against the others', its phase and for how
+    long, the gradients it has not handed over), then the blocks this rank was waiting for
+    (docs/failures.md). In an elastic Horovod job it is also Horovod's HorovodInternalError, so
+    ``hvd.elastic.run`` restores the last commit and commsched re-forms its world.
+    """
 
 
 class MismatchError(RuntimeError):
-    """Ranks disagree on something that must be identical."""
+    """Ranks disagree on something that must be identical, found before it could hang them.
+
+    Raised on every rank at once: at wrap time when the ranks wrap different parameters (names,
+    shapes, dtypes) or settings, and before a plan runs when their plans' fingerprints differ
+    (a restored plan, K-FAC's factor plan included). The message names the first difference
+    and the rank that has it.
+    """
 
 
 HOROVOD_INSTALL = ("install it with scripts/install_horovod.sh (in commsched's source tree), "
@@ -29,9 +41,11 @@ HOROVOD_INSTALL = ("install it with scripts/install_horovod.sh (in commsched's s
 
 
 class HorovodMissingError(ImportError):
-    """Horovod is needed (a horovodrun job, a Horovod benchmark candidate) but cannot be imported:
-    not installed (it is the optional extra ``commsched[horovod]``), or built against another
-    torch."""
+    """Horovod is needed (a horovodrun job, a Horovod benchmark candidate) but cannot be imported.
+
+    Either it is not installed (it is the optional extra ``commsched[horovod]``), or it was
+    built against another torch.
+    """
 
 
 def import_horovod(needed_for: str, module: str = "horovod.torch") -> ModuleType:
@@ -62,8 +76,11 @@ def without_backtrace(err: BaseException) -> str:
 
 
 def elastic() -> bool:
-    """Whether this process is a worker of an elastic horovodrun job (``--min-np``/``--max-np``
-    or a host-discovery script): horovodrun sets HOROVOD_ELASTIC=1 for its workers."""
+    """Whether this process is a worker of an elastic horovodrun job.
+
+    That is ``--min-np``/``--max-np`` or a host-discovery script: horovodrun sets
+    HOROVOD_ELASTIC=1 for its workers.
+    """
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
@@ -71,10 +88,12 @@ _elastic_failure: type[RankFailureError] | None = None
 
 
 def failure_type() -> type[RankFailureError]:
-    """The class of the error a failed collective raises. In an elastic Horovod job it is also
-    Horovod's HorovodInternalError: ``hvd.elastic.run`` catches that one, restores the last
-    commit and resets, and commsched re-forms its world at the next step (see Note [Elastic
-    Horovod] in world/bootstrap.py)."""
+    """The class of the error a failed collective raises.
+
+    In an elastic Horovod job it is also Horovod's HorovodInternalError: ``hvd.elastic.run``
+    catches that one, restores the last commit and resets, and commsched re-forms its world at
+    the next step (see Note [Elastic Horovod] in world/bootstrap.py).
+    """
     global _elastic_failure
     if not elastic():
         return RankFailureError

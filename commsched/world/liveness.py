@@ -47,7 +47,15 @@ GRADIENTS = "gradients"  # the label of a wrapped optimizer's engine (EngineHand
 
 
 class StallWarning(UserWarning):
-    pass
+    """Rank 0's warning that a rank has waited COMMSCHED_STALL_WARNING seconds for the others.
+
+    Horovod's stall inspector gives the same kind of warning. It names the late ranks and how
+    they are late (the gradients ready on some ranks and missing on them, or the phase they are
+    stuck in and for how long), once per stall; training goes on if they catch up, and the
+    error (RankFailureError) follows only at COMMSCHED_TIMEOUT. By default the warning comes at
+    a fifth of the timeout; 0 disables it. It also goes to the ``commsched`` logger where
+    logging is set up. Filter or escalate it with the ``warnings`` module.
+    """
 
 
 @dataclass(frozen=True)
