@@ -15,14 +15,11 @@ BIN = os.path.dirname(sys.executable)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
-            expect_ok: bool = True) -> subprocess.CompletedProcess:
-    # Horovod's own Gloo loop gives up after 30 s by default; 3 ranks on 2 cores can starve a
-    # rank for a while (seen once in about ten 3-rank overlap jobs).
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
-                **(env or {})}
-    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+def run_command(args: list[str], timeout: float, cwd: str, env: dict[str, str],
+                expect_ok: bool = True) -> subprocess.CompletedProcess:
+    """Runs `args` as its own process group, output and errors together; kills the whole group
+    after `timeout` and fails naming the command (and, with `expect_ok`, on a non-zero exit)."""
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -35,6 +32,16 @@ def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
     if expect_ok and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {proc.returncode}\n{output[-6000:]}")
     return result
+
+
+def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
+            expect_ok: bool = True) -> subprocess.CompletedProcess:
+    # Horovod's own Gloo loop gives up after 30 s by default; 3 ranks on 2 cores can starve a
+    # rank for a while (seen once in about ten 3-rank overlap jobs).
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+                **(env or {})}
+    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+    return run_command(args, timeout, REPO, full_env, expect_ok)
 
 
 def horovodrun(np: int, script: str, *script_args: str, timeout: float = 300,

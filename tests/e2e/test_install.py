@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import run_command
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -74,18 +74,7 @@ def _run(args: list[str], timeout: float, cwd: Path, env: dict[str, str] | None 
     full_env = {k: v for k, v in os.environ.items()
                 if k != "PYTHONPATH" and not k.startswith("COMMSCHED_")}
     full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
-    proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"{args} hung: killed after {timeout:.0f} s\n{output[-4000:]}") \
-            from None
-    if ok and proc.returncode != 0:
-        raise AssertionError(f"{args} exited {proc.returncode}\n{output[-6000:]}")
-    return subprocess.CompletedProcess(args, proc.returncode, output, "")
+    return run_command(args, timeout, str(cwd), full_env, ok)
 
 
 def _closure(names: Iterable[str]) -> list[importlib.metadata.Distribution]:
