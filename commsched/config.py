@@ -179,6 +179,9 @@ KNOBS: tuple[Knob, ...] = (
 )
 KNOBS_BY_KEY = {k.key: k for k in KNOBS}
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
+# Read by the project's scripts, not by commsched: exported for scripts/setup.sh, they must not
+# make every later commsched process refuse to start.
+SCRIPT_ENV = (ENV_PREFIX + "VENV",)
 
 
 @dataclass(frozen=True)
@@ -398,7 +401,7 @@ def _resolve(overrides: Mapping[str, Any] | None,
         if key not in KNOBS_BY_KEY:
             raise ConfigError(_unknown(f"unknown keyword argument {key!r}", key,
                                        list(KNOBS_BY_KEY)))
-    known_env = {k.env for k in KNOBS} | {CONFIG_ENV}
+    known_env = {k.env for k in KNOBS} | {CONFIG_ENV} | set(SCRIPT_ENV)
     for name in env:
         if name.startswith(ENV_PREFIX) and name not in known_env:
             raise ConfigError(_unknown(f"unknown environment variable {name}", name,

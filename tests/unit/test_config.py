@@ -123,3 +123,10 @@ def test_a_misspelt_choice_gets_the_closest_one_suggested() -> None:
     with pytest.raises(ConfigError) as nothing_close:
         load_config({"compression": "zstd"}, environ={})
     assert "did you mean" not in str(nothing_close.value)
+
+
+def test_a_scripts_variable_is_not_an_unknown_knob() -> None:
+    """scripts/setup.sh reads COMMSCHED_VENV; exported, it must not stop commsched."""
+    assert load_config(environ={"COMMSCHED_VENV": "/tmp/venv"}).policy.value == "horovod"
+    with pytest.raises(ConfigError, match="unknown environment variable COMMSCHED_VENVV"):
+        load_config(environ={"COMMSCHED_VENVV": "/tmp/venv"})
