@@ -18,6 +18,7 @@ import torch
 from . import _C
 from .compression import from_config, resolve, split
 from .config import load_config
+from .grad_scaler import UNSCALE_BEFORE_SYNCHRONIZE, scaled_step
 from .ops import Average, ReduceOp, resolve_op
 from .params import resolve_groups, resolve_names
 from .plan import Plan
@@ -26,17 +27,11 @@ from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
 from .runtime.session import Session
 from .runtime.wrap import WrapOptions
-from .torch_compat import unscale_grads_
 
 _STEP_AFTER_SYNCHRONIZE = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
     "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
     "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
-_UNSCALE_BEFORE_SYNCHRONIZE = (
-    "commsched: scaler.unscale_(optimizer) read the gradients before they were averaged across "
-    "ranks. Call optimizer.synchronize() before scaler.unscale_(optimizer), then "
-    "scaler.step(optimizer) inside `with optimizer.skip_synchronize():` (Horovod's recipe), or "
-    "call scaler.step(optimizer) without unscale_() (DDP's recipe).")
 _ZERO_GRAD_DROPS_ACCUMULATION = (
     "commsched: zero_grad() drops gradients accumulated under no_sync() that were never "
     "averaged or applied (the last backward pass ran inside no_sync(), as at the end of an epoch "
@@ -133,21 +128,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._cs_synchronized = True
         self._cs_synchronized_for_scaler = False
 
-    # Note [GradScaler asks before it unscales]
-    # torch.amp.GradScaler.step(opt) first asks `opt._step_supports_amp_scaling`, before it
-    # reads any gradient. Answering True makes the scaler check for inf/NaN itself and then
-    # call step() with `grad_scale` and `found_inf` set on the optimizer, even when it found
-    # an overflow; answering False would make it unscale and check the gradients itself, and
-    # not call step() at all after an overflow. So the question is where the wrapper makes the
-    # gradients final: it reduces them (synchronize()) before answering, and the scaler's check
-    # then reads the averaged gradients, identical on every rank, as it does under DDP. An
-    # overflow on one rank is an overflow on all (inf and NaN survive the average), every rank
-    # skips the same step, and step() ends the iteration either way, so nothing is left
-    # pending. Under an overlap plan the update is then made at step(): whether to skip it
-    # needs every gradient. Horovod's recipe (synchronize(), scaler.unscale_(opt), then
-    # scaler.step(opt) inside skip_synchronize()) reaches step() the same way. What cannot be
-    # honoured is scaler.unscale_(opt) before the gradients are reduced: the scaler would read
-    # (and rescale in place) gradients the engine is still reducing; step() raises then.
+    # Note [GradScaler asks before it unscales] (grad_scaler.py)
     @property
     def _step_supports_amp_scaling(self) -> bool:
         if self._cs_should_synchronize and not self._cs_synchronized:
@@ -157,32 +138,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _cs_scaled_step(self, closure: Any) -> Any:
         """step() called by GradScaler (Note [GradScaler asks before it unscales])."""
-        session = self.session
-        attributes = vars(self)  # GradScaler's, for this call only
-        grad_scale: torch.Tensor | None = attributes["grad_scale"]
-        found_inf: torch.Tensor = attributes["found_inf"]
-        if grad_scale is None and self._cs_synchronized_for_scaler:
+        if vars(self)["grad_scale"] is None and self._cs_synchronized_for_scaler:
             self._cs_synchronized = False
-            raise RuntimeError(_UNSCALE_BEFORE_SYNCHRONIZE)
+            raise RuntimeError(UNSCALE_BEFORE_SYNCHRONIZE)
         if self._cs_should_synchronize and self._cs_synchronized \
                 and not self._cs_synchronized_for_scaler:
             warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=3)
         self._cs_synchronized = False
-        if found_inf.item():  # as DDP's GradScaler does: every rank reads the same flag
-            session.skip_update()
-            return None
-        if self._cs_native_amp_scaling:  # the fused step reads grad_scale and found_inf
-            return session.update(lambda: session.deferred.base_step(self, closure), closure)
-        if grad_scale is not None:
-            unscale_grads_([p for group in self.param_groups for p in group["params"]],
-                           grad_scale)
-        # torch's other optimizers refuse a step that has them set; the scaler deletes them
-        # after this call returns.
-        del attributes["grad_scale"], attributes["found_inf"]
-        try:
-            return session.update(lambda: session.deferred.base_step(self, closure), closure)
-        finally:
-            attributes.update(grad_scale=grad_scale, found_inf=found_inf)
+        return scaled_step(self, self.session, self._cs_native_amp_scaling, closure)
 
     def flush(self) -> None:
         """Applies every update still pending from an overlap plan, so the parameters are current.

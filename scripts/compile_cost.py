@@ -55,8 +55,7 @@ def _train(policy: str, compiled: bool, steps: int, timed: int,
         "median_ms": 1000 * statistics.median(times[-timed:]),
         "plan": opt.plan.policy,
         "update_groups": len(runner._groups) if active and runner is not None else 0,
-        "hooked": sorted(n for n in runner._groups_at if n != runner._root_name)
-        if active and runner is not None else [],
+        "hooked": runner.hooked_modules if runner is not None else [],
         "params": [p.detach().clone() for p in eager.parameters()]}
     if compiled:
         probe = batch(ModelName.TRANSFORMER, batch_size, steps, rank)[0]

@@ -123,7 +123,7 @@ class ParamGroupView(dict):
 # The wrapper's session, GradScaler's per-step attributes (set on the optimizer for the
 # duration of one step() only: a copy would go stale), and fused optimizers' claim to handle
 # the scaler themselves, which the wrapper answers for them (Note [GradScaler asks before it
-# unscales] in optimizer.py).
+# unscales] in grad_scaler.py).
 _NOT_ADOPTED = ("session", "grad_scale", "found_inf", "_step_supports_amp_scaling")
 
 # Distinct subsets kept with their sub-optimizer: a plan uses a fixed few; leftover sets vary.

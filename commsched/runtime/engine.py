@@ -196,10 +196,10 @@ class EngineHandle:
             self.timeline.span(name, 3, started_us, _C.now_us(), **args)
 
     def release_forward_blocks(self) -> None:
-        """Releases every forward-stage block of the iteration (DeAR's all-gathers) at once:
-        for a caller that needs every gradient reduced now (``synchronize()``, a skipped
-        update), not layer by layer in the next forward pass. Only when nothing released
-        any of them this iteration (the overlap runner is not open)."""
+        """Releases every forward-stage block of the iteration (DeAR's all-gathers) at once,
+        for synchronize(), which needs every gradient reduced now rather than layer by layer in
+        the next forward pass. Only when nothing released any of them this iteration (the
+        overlap runner is not open): a block released twice is an engine error."""
         for position in self._forward_positions:
             self.release(position)
 

@@ -134,6 +134,15 @@ class OverlapRunner:
     def recording(self) -> bool:
         return self.mode is HookMode.RECORDING
 
+    @property
+    def hooked_modules(self) -> list[str]:
+        """The modules below the root whose pre-hooks apply update groups now (none while no
+        overlap plan runs): where a compiled forward pass breaks its graph (Note [Module hooks
+        under torch.compile]). The root's own hooks run outside a compiled module's frame."""
+        if not self.active:
+            return []
+        return sorted(name for name in self._groups_at if name != self._root_name)
+
     def _set_mode(self, mode: HookMode, sampled: bool = False) -> None:
         """Registers only the hooks `mode` needs: under an overlap plan, the modules that are
         the first user of some parameter (a hook is a Python call per forward; the expensive

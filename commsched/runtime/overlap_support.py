@@ -145,10 +145,13 @@ def apply_before_state_dict(modules: Iterable[nn.Module], apply: Callable[[], No
 # with hooks). Inside a compiled forward pass dynamo would trace into them: an optimizer step,
 # clocks and the engine's waits, which it cannot trace (it failed on the update's param-group
 # views). Every such hook is registered through torch_compat.eager_hook, so dynamo breaks the
-# graph at the hook and runs it eagerly: one graph break per module that starts an update group
-# (the planner keeps them few), and every module during the profiling steps, whose graphs are
-# compiled once and dropped. A model compiled with fullgraph=True forbids graph breaks, so there
-# the overlap policies are refused at wrap time and `auto` plans synchronous policies only.
+# graph at the hook and runs it eagerly: at most one break per module whose pre-hook applies an
+# update group (where a group starts, and the first user of each of its parameters: Note
+# [Skipped group starts]; OverlapRunner.hooked_modules), and at modules in the forward passes
+# that record module times (the profiling steps, then the sampled ones). The breaks counted on
+# the built-in Transformer are in benchmarks/compile/. A model compiled with fullgraph=True
+# forbids graph breaks, so there the overlap policies are refused at wrap time and `auto` plans
+# synchronous policies only.
 def overlap_possible(model: Any, base_cls: type) -> bool:
     return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE) \
         and not compiled_fullgraph(model)

@@ -76,7 +76,7 @@ def _train(policy: str, compiled: bool) -> dict[str, Any]:
             runner._set_mode(HookMode.ACTIVE, sampled=False)
         explained = torch._dynamo.explain(model)(_batch(STEPS, rank)[0])
         out.update(graph_breaks=explained.graph_break_count, graphs=explained.graph_count,
-                   hooked=_hooked_modules(opt))
+                   hooked=runner.hooked_modules if runner is not None else [])
     opt.session.close()
     return out
 
@@ -89,15 +89,6 @@ def _one_group_per_module(opt: Any) -> None:
     if runner is not None and runner.active:
         opt.flush()
         runner.activate(dataclasses.replace(opt.plan, update_groups=()))
-
-
-def _hooked_modules(opt: Any) -> list[str]:
-    """Modules inside the compiled root whose forward pre-hooks apply update groups now (none
-    under a synchronous plan). The root's own hooks run outside the compiled frame."""
-    runner = opt.session.runner
-    if runner is None or not runner.active:
-        return []
-    return sorted(name for name in runner._groups_at if name != runner._root_name)
 
 
 def _job() -> dict[str, Any]:

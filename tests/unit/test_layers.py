@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"sim"},
     {"world"},
     {"runtime"},
-    {"optimizer", "params", "kfac"},
+    {"optimizer", "grad_scaler", "params", "kfac"},
     {"__init__", "__main__", "info", "bench", "reporting"},
 ]
 
