@@ -55,6 +55,16 @@ if ! "$PY" -c "import numpy, yaml, pytest, hypothesis, matplotlib, ruff, psutil,
   "${PIP[@]}" install numpy pyyaml pytest pytest-timeout hypothesis matplotlib ruff mypy psutil cloudpickle scikit-learn
 fi
 
+step "examples and lightning extras (transformers, lightning)"
+# torchvision is left out: PyPI's x86_64 wheels are CUDA builds that fail to import beside the
+# CPU torch installed above ('operator torchvision::nms does not exist'); the examples and the
+# benchmark build ResNet-50 and VGG-16 in torchvision's layout without it (commsched.bench.vision).
+# The pin on torch keeps pip from replacing the torch installed above.
+if ! "$PY" -c "import transformers, lightning" 2>/dev/null; then
+  "${PIP[@]}" install "transformers>=4.40" "lightning>=2.2" \
+    "torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
+fi
+
 step "horovod 0.28.1 (PyTorch + Gloo)"
 # The recipe (C++17 wrapper, CMake policy, flags, a wheel cache per torch) lives in that script
 # alone; it returns at once when horovod.torch already imports.
