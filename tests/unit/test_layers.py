@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"world"},
     {"runtime"},
     {"optimizer", "grad_scaler", "params", "kfac"},
-    {"__init__", "__main__", "info", "bench", "reporting"},
+    {"__init__", "__main__", "info", "bench", "reporting", "lightning"},
 ]
 
 
