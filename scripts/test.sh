@@ -7,7 +7,7 @@ cd "$ROOT"
 scripts/setup.sh
 PY="$ROOT/.venv/bin/python"
 echo "== test: ruff" >&2
-"$ROOT/.venv/bin/ruff" check commsched tests
+"$ROOT/.venv/bin/ruff" check commsched tests examples
 # Docstrings (Google convention, pyproject.toml) of the modules that hold the public API,
 # docs/api.md: ruff selects rules per run, not per file.
 "$ROOT/.venv/bin/ruff" check --select D commsched/__init__.py commsched/__main__.py \
@@ -16,6 +16,8 @@ echo "== test: ruff" >&2
   commsched/world/errors.py commsched/kfac/__init__.py commsched/kfac/preconditioner.py
 echo "== test: mypy" >&2
 "$PY" -m mypy commsched tests
+# The examples import their shared module as a sibling script does (examples/common.py).
+MYPYPATH="$ROOT/examples" "$PY" -m mypy examples
 echo "== test: pytest" >&2
 set +e
 OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"

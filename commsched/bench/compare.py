@@ -1,9 +1,10 @@
 """Side-by-side comparison: hvd.DistributedOptimizer, PyTorch DDP and commsched's policies on one
-built-in model, in one job, candidates interleaved round by round so that machine noise hits all
-of them alike. Run under ``horovodrun -np N --gloo``; prints a table of median iteration times
+model (built-in, or ResNet-50, VGG-16, BERT or GPT-2 at full size), in one job, candidates
+interleaved round by round so that machine noise hits all of them alike. Run under ``horovodrun -np N --gloo``; prints a table of median iteration times
 and ratios on rank 0 and optionally writes JSON, markdown and a PNG.
 
     horovodrun -np 2 --gloo python -m commsched.bench.compare --model cnn
+    horovodrun -np 2 --gloo python -m commsched.bench.compare --model gpt2 --batch-size 1
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from .compression_speed import (
     register_ddp_powersgd,
     split_compression,
 )
-from .models import ModelName, batch, build, loss_fn
+from .models import MODEL_CHOICES, AnyModel, batch, build, loss_fn, model_name
 from .planner_pair import compare_pairs
 
 
@@ -54,7 +55,7 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batch_size: int,
+def _stepper(name: AnyModel, model: nn.Module, opt: torch.optim.Optimizer, batch_size: int,
              rank: int) -> Callable[[int], None]:
     def step(i: int) -> None:
         x, y = batch(name, batch_size, i, rank)
@@ -64,7 +65,7 @@ def _stepper(name: ModelName, model: nn.Module, opt: torch.optim.Optimizer, batc
     return step
 
 
-def make_candidates(name: ModelName, wanted: list[str], batch_size: int,
+def make_candidates(name: AnyModel, wanted: list[str], batch_size: int,
                     predict: bool = False, profile_dir: str = "") -> list[Candidate]:
     """The candidates to time; with `predict`, the commsched ones are simulated afterwards from
     their profiles, which `profile_dir` (if given) also keeps as files. Horovod is imported only
@@ -246,7 +247,9 @@ def _quantile(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     keep_layout = argparse.RawDescriptionHelpFormatter  # the docstring's example keeps its lines
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=keep_layout)
-    parser.add_argument("--model", type=ModelName, default=ModelName.CNN, choices=list(ModelName))
+    parser.add_argument("--model", type=model_name, default="cnn", choices=MODEL_CHOICES,
+                        help="a built-in model, or a real architecture at full size with reduced "
+                        "inputs (commsched/bench/real_models.py)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,"
                         "commsched:ddp,commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"

@@ -1,5 +1,6 @@
-"""Built-in models with synthetic data, sized so that a 2-rank CPU run is communication-bound
-on a shaped 1 Gbit/s loopback and still finishes an iteration in well under a second."""
+"""The models the benchmarks train, with synthetic data: the built-in ones, sized so that a
+2-rank CPU run is communication-bound on a shaped 1 Gbit/s loopback and still finishes an
+iteration in well under a second, and the real architectures of `real_models`."""
 
 from __future__ import annotations
 
@@ -8,11 +9,25 @@ import enum
 import torch
 from torch import nn
 
+from . import real_models
+from .real_models import RealModel
+
 
 class ModelName(enum.StrEnum):
     CNN = "cnn"
     TRANSFORMER = "transformer"
     MLP = "mlp"
+
+
+AnyModel = ModelName | RealModel
+
+
+def model_name(text: str) -> AnyModel:
+    """A built-in model's or a real architecture's name (argparse's `type=`)."""
+    return ModelName(text) if text in ModelName.__members__.values() else RealModel(text)
+
+
+MODEL_CHOICES: list[AnyModel] = [*ModelName, *RealModel]
 
 
 class SmallCNN(nn.Module):
@@ -61,7 +76,9 @@ class SmallMLP(nn.Module):
         return self.net(x)
 
 
-def build(name: ModelName, seed: int = 0) -> nn.Module:
+def build(name: AnyModel, seed: int = 0) -> nn.Module:
+    if isinstance(name, RealModel):
+        return real_models.build(name, seed)
     torch.manual_seed(seed)
     if name is ModelName.CNN:
         return SmallCNN()
@@ -70,8 +87,10 @@ def build(name: ModelName, seed: int = 0) -> nn.Module:
     return SmallMLP()
 
 
-def batch(name: ModelName, batch_size: int, step: int,
+def batch(name: AnyModel, batch_size: int, step: int,
           rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(name, RealModel):
+        return real_models.batch(name, batch_size, step, rank)
     gen = torch.Generator().manual_seed(10_000 * rank + step)
     if name is ModelName.CNN:
         return (torch.randn(batch_size, 3, 32, 32, generator=gen),
@@ -83,7 +102,9 @@ def batch(name: ModelName, batch_size: int, step: int,
             torch.randint(0, 10, (batch_size,), generator=gen))
 
 
-def loss_fn(name: ModelName, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def loss_fn(name: AnyModel, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if isinstance(name, RealModel):
+        return real_models.loss_fn(name, output, target)
     if name is ModelName.TRANSFORMER:
         return nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
     return nn.functional.cross_entropy(output, target)

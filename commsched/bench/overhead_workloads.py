@@ -37,7 +37,8 @@ def gpt2(device: torch.device, batch_size: int, seq: int) -> Workload:
 
     def make_model() -> nn.Module:
         torch.manual_seed(0)
-        return GPT2LMHeadModel(GPT2Config()).to(device)
+        model: nn.Module = GPT2LMHeadModel(GPT2Config())
+        return model.to(device)
 
     def make_batch(step: int) -> tuple[Any, Any]:
         gen = torch.Generator().manual_seed(step)
@@ -68,7 +69,7 @@ def layout_of_gpt2(device: torch.device, batch_size: int) -> Workload:
                     lambda loss, tokens: loss)
 
 
-MODELS = (GPT2, GPT2_LAYOUT, *(name.value for name in ModelName))
+MODELS = (GPT2, GPT2_LAYOUT, *(name.value for name in ModelName))  # the built-in ones only
 
 
 def workload(name: str, device: torch.device, batch_size: int = 0) -> Workload | None:

@@ -247,7 +247,7 @@ def test_each_build_of_the_candidates_adds_its_rounds_on_fresh_copies_of_the_mod
         assert len(medians) == 3 * 2 and len(row["round_steps_ms"]) == 6
         # Build 0's rounds first, then 1's (20 ms), then 2's (40 ms). A sleep only overshoots, so
         # the lower bounds are exact; the order holds unless a step overshoots by 20 ms.
-        assert 20.0 <= min(medians[2:4]) and 40.0 <= min(medians[4:]), medians
+        assert min(medians[2:4]) >= 20.0 and min(medians[4:]) >= 40.0, medians
         assert max(medians[:2]) < min(medians[2:4]), medians
         assert max(medians[2:4]) < min(medians[4:]), medians
         assert row["best_median_ms"] == min(medians)
