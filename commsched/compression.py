@@ -451,3 +451,76 @@ def simulate_topk(grads: Sequence[torch.Tensor], residuals: Sequence[torch.Tenso
         residual[index.long()] = 0
         new_residuals.append(residual.reshape(m.shape))
     return average.reshape(ms[0].shape), new_residuals
+
+
+# -- momentum correction (Deep Gradient Compression) ---------------------------------------------
+
+def dgc_accumulate_(velocity: torch.Tensor, accumulator: torch.Tensor, grad: torch.Tensor,
+                    momentum: float, nesterov: bool = False) -> torch.Tensor:
+    """DGC's momentum correction of one rank's gradient, in place: the velocity and its sum.
+
+    Lin et al., Deep Gradient Compression (ICLR 2018), with SGD's momentum rule: u = m u + g
+    and v = v + u (Nesterov: u = m (u + g) and v = v + u + g, the velocity torch's SGD would
+    apply). Top-k then picks from `accumulator` (v) instead of from g plus a residual.
+
+    Args:
+        velocity: u, this rank's local momentum (updated).
+        accumulator: v, what this rank has yet to send (updated).
+        grad: this rank's gradient g (weight decay already added where it applies).
+        momentum: SGD's momentum factor m.
+        nesterov: Nesterov's variant, as torch's SGD(nesterov=True).
+
+    Returns:
+        `accumulator`.
+    """
+    if nesterov:
+        velocity.add_(grad).mul_(momentum)
+        return accumulator.add_(velocity).add_(grad)
+    velocity.mul_(momentum).add_(grad)
+    return accumulator.add_(velocity)
+
+
+def dgc_mask_(velocity: torch.Tensor, accumulator: torch.Tensor, indices: torch.Tensor) -> None:
+    """Momentum-factor masking: where entries were sent, both v and u start again from zero."""
+    flat = indices.long()
+    accumulator.view(-1)[flat] = 0
+    velocity.view(-1)[flat] = 0
+
+
+def sgd_momentum_factor(momentum: float, dampening: float, nesterov: bool,
+                        first_step: bool) -> float:
+    """By how much torch's SGD scales a gradient into its update when its momentum buffer is
+    zero (`first_step`: absent, which SGD fills with the gradient itself, undamped).
+
+    Without Nesterov the update is the buffer, (1 - dampening) g (g on the first step); with
+    it, g + m x buffer. Dividing the gradient by this factor makes the update exactly what was
+    handed over (Note [DGC under the user's momentum] in commsched/runtime/momentum.py).
+    """
+    kept = 1.0 if first_step else 1.0 - dampening
+    return 1.0 + momentum * kept if nesterov else kept
+
+
+def simulate_dgc(grads: Sequence[torch.Tensor], velocities: Sequence[torch.Tensor],
+                 accumulators: Sequence[torch.Tensor], k: int, momentum: float,
+                 nesterov: bool = False, scale: float | None = None
+                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """One top-k step with DGC's momentum correction over every rank, in one process.
+
+    `scale` as for simulate_powersgd. The reduced tensor is the update itself: a plain SGD
+    step (no momentum of its own) subtracts lr times it.
+
+    Returns:
+        (the reduced update, new velocities, new accumulators).
+    """
+    scale = 1.0 / len(grads) if scale is None else scale
+    us = [u.clone() for u in velocities]
+    vs = [v.clone() for v in accumulators]
+    picked = []
+    for g, u, v in zip(grads, us, vs, strict=True):
+        dgc_accumulate_(u, v, g, momentum, nesterov)
+        picked.append(topk_select(v, k))
+        dgc_mask_(u, v, picked[-1][1])
+    values = torch.cat([value for value, _ in picked])
+    indices = torch.cat([index for _, index in picked])
+    reduced = topk_combine(vs[0].numel(), values, indices, scale, vs[0].dtype)
+    return reduced.reshape(vs[0].shape), us, vs

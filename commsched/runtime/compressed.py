@@ -52,6 +52,7 @@ from ..plan.compressed import (
 from ..sim import RunProfile
 from ..sim.compressed import CompressedRun, attach_wire
 from .engine import EngineHandle
+from .momentum import MomentumCorrection, correction_for
 
 STATE_VERSION = 1
 
@@ -94,6 +95,7 @@ class CompressedGradients:
         self._pending = 0
         self.layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
             else self._topk_layout()
+        self.correction: MomentumCorrection | None = None  # attach() decides
         self._positions: tuple[int, list[int], list[int]] | None = None  # per installed plan
         # Training-thread seconds this iteration spent on the second round and decompressing,
         # outside the gradient hooks (waits for the engine excluded): compute.compression_s.
@@ -170,6 +172,20 @@ class CompressedGradients:
             (s.tensor_id, t) for s, t in zip(layout.gathered, tensors, strict=True)]
         return layout
 
+    def attach(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
+               average: bool) -> None:
+        """Top-k under momentum SGD: DGC's momentum correction (Note [DGC under the user's
+        momentum], runtime/momentum.py); warns where a momentum cannot be corrected.
+
+        Args:
+            optimizer: the wrapped optimizer (held weakly), whose groups and state are read.
+            base_cls: the user's optimizer class (whose step the wrapper runs).
+            average: whether the op averages (else Sum: weight decay is shared out).
+        """
+        self.correction = correction_for(self.lossy, optimizer, base_cls, self.params,
+                                         [tuple(e.shape) for e in self.residuals],
+                                         self._world, average)
+
     # -- backward ----------------------------------------------------------------------------
 
     def begin(self, engine: EngineHandle) -> None:
@@ -183,8 +199,11 @@ class CompressedGradients:
         # the backward pass's real length (Note [Simulated compression compute]).
         self._engine.mark_ready(self.ids[index], grad)
         residual = self.residuals[index]
-        residual += grad.view(residual.shape)  # residual now holds M = g + e
         self._handed[index] = True
+        correction = self.correction
+        if correction is None or not correction.accumulate(index, grad.view(residual.shape),
+                                                           residual):
+            residual += grad.view(residual.shape)  # residual now holds M = g + e
         if isinstance(self.lossy, PowerSGD):
             torch.matmul(residual, self.q[index], out=self.p_wire[index])
             self._engine.mark_ready(self.p_ids[index], self.p_wire[index])
@@ -202,6 +221,8 @@ class CompressedGradients:
         self.values[p.dtype][start:start + self.k[index]] = values
         self.indices[p.dtype][start:start + self.k[index]] = indices
         m.view(-1)[indices.long()] = 0  # what was sent leaves the residual
+        if self.correction is not None:
+            self.correction.mask(index, m, indices)  # and the velocity, under DGC
 
     def launch_rest(self) -> None:
         """Gradients not produced on this rank count as zeros (Horovod's rule)."""
@@ -275,6 +296,8 @@ class CompressedGradients:
             warm_start_(self.q[index], self.q_wire[index].T)
         else:
             out.view(-1).copy_(self._combined(index, scale))
+            if self.correction is not None:  # Note [DGC under the user's momentum]
+                self.correction.to_gradient(index, out)
         _finite_(self.residuals[index])
         self.busy_s += time.perf_counter() - started
 
@@ -303,7 +326,9 @@ class CompressedGradients:
         return {"version": STATE_VERSION, "label": self.lossy.label, "names": list(self.names),
                 "residuals": [e.clone() for e in self.residuals],
                 "q": [q.clone(memory_format=torch.contiguous_format)
-                      for q in getattr(self, "q", [])]}
+                      for q in getattr(self, "q", [])],
+                "velocities": [] if self.correction is None
+                else [u.clone() for u in self.correction.velocities]}
 
     def check_state(self, saved: dict[str, Any]) -> None:
         if saved.get("version") != STATE_VERSION or saved.get("label") != self.lossy.label \
@@ -319,6 +344,8 @@ class CompressedGradients:
             mine.copy_(theirs)
         for mine, theirs in zip(getattr(self, "q", []), saved["q"], strict=True):
             mine.copy_(theirs)
+        if self.correction is not None and saved.get("velocities"):
+            self.correction.load(saved["velocities"])
 
 
 def _finite_(residual: torch.Tensor) -> None:

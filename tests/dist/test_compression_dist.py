@@ -1,7 +1,8 @@
 """PowerSGD and top-k on 2 and 3 Gloo ranks, synchronous and overlap policies: every rank ends
 with the same parameters, equal (to float tolerance: the engine's sums run in another order) to
 a single-process simulation of the same compressed averaging built from commsched.compression's
-pure functions, applied synchronously."""
+pure functions, applied synchronously. The runs use SGD with momentum, so top-k runs with DGC's
+momentum correction (Note [DGC under the user's momentum], commsched/runtime/momentum.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from commsched.compression import (
     TopK,
     initial_q,
     matrix_shape,
+    simulate_dgc,
     simulate_powersgd,
-    simulate_topk,
 )
 
 STEPS = 4
+MOMENTUM = 0.5
 
 
 def _model() -> nn.Module:
@@ -37,12 +39,17 @@ def _loss(model: nn.Module, step: int, rank: int) -> torch.Tensor:
 def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[torch.Tensor]:
     scale = 1.0 if op == "sum" else 1.0 / world
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     params = list(model.parameters())
     compressed = [i for i, p in enumerate(params) if lossy.compresses(p.shape)]
+    # Top-k's compressed tensors: DGC's exchanged sum is the update, stepped without momentum.
+    dgc = [p for i, p in enumerate(params) if isinstance(lossy, TopK) and i in compressed]
+    opt = torch.optim.SGD([p for p in params if all(p is not q for q in dgc)], lr=0.1,
+                          momentum=MOMENTUM)
+    plain = torch.optim.SGD(dgc, lr=0.1) if dgc else None
     residuals = {i: [torch.zeros(matrix_shape(params[i].shape) if params[i].dim() > 1
                                  else params[i].shape) for _ in range(world)]
                  for i in compressed}
+    velocities = {i: [torch.zeros_like(e) for e in residuals[i]] for i in compressed}
     qs = {i: initial_q(matrix_shape(params[i].shape)[1],
                        lossy.rank_for(params[i].shape), seed=n, dtype=torch.float32)
           for n, i in enumerate(compressed) if isinstance(lossy, PowerSGD)}
@@ -63,10 +70,13 @@ def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[t
                                                                 scale)
                 p.grad = approx.reshape(p.shape)
             else:
-                average, residuals[i] = simulate_topk(grads, residuals[i], lossy.k(p.numel()),
-                                                      scale)
+                average, velocities[i], residuals[i] = simulate_dgc(
+                    grads, velocities[i], residuals[i], lossy.k(p.numel()), MOMENTUM,
+                    scale=scale)
                 p.grad = average.reshape(p.shape)
         opt.step()
+        if plain is not None:
+            plain.step()
     return [p.detach() for p in params]
 
 
@@ -80,7 +90,7 @@ def _train(lossy: Any, policy: str, op: str) -> list[torch.Tensor]:
     rank = commsched.rank()
     model = _model()
     opt = commsched.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=MOMENTUM),
         named_parameters=model.named_parameters(), compression=lossy, policy=policy,
         profile_steps=2, model=model, **scaling)
     for step in range(STEPS):
