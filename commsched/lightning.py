@@ -175,6 +175,13 @@ class CommschedStrategy(DDPStrategy):
         result = closure()  # outside step(): commsched times the update apart from compute
         precision = self.precision_plugin
         if isinstance(precision, MixedPrecision) and precision.scaler is not None:
+            if module.trainer.gradient_clip_val:  # Lightning's own error would blame fusion
+                raise NotImplementedError(
+                    "commsched.lightning: gradient_clip_val with precision='16-mixed' is not "
+                    "supported (Lightning refuses to clip for an optimizer that takes "
+                    "GradScaler's step itself, as commsched's does); use 'bf16-mixed' or "
+                    "'32-true', or clip in on_before_optimizer_step, where the gradients are "
+                    "averaged and unscaled")
             # Horovod's recipe: average, unscale, then the scaler's step on those gradients.
             optimizer.synchronize()
             if result is not None or not module.automatic_optimization:
