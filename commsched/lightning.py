@@ -25,12 +25,27 @@ try:
     from lightning.fabric.plugins.environments import TorchElasticEnvironment
     from lightning.pytorch.plugins.precision import MixedPrecision, Precision
     from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.utilities import GradClipAlgorithmType
 except ImportError as _err:  # an optional extra: say how to get it
     raise ImportError(
         "commsched.lightning needs Lightning 2.x (the `lightning` package), which is not "
         f"importable here ({_err}): pip install commsched[lightning]") from _err
 
 __all__ = ["CommschedStrategy"]
+
+
+class _UnscaledMixedPrecision(MixedPrecision):
+    """MixedPrecision whose clipping knows the gradients are unscaled when it runs.
+
+    Lightning refuses to clip for an optimizer that takes GradScaler's step itself (fused Adam,
+    and commsched's wrapper, which reports ``_step_supports_amp_scaling``), because such an
+    optimizer unscales later. CommschedStrategy averages and unscales before the hooks and
+    clipping run, so clipping is the plain one.
+    """
+
+    def clip_gradients(self, optimizer: Any, clip_val: int | float = 0.0,
+                       gradient_clip_algorithm: Any = GradClipAlgorithmType.NORM) -> None:
+        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
 
 class CommschedStrategy(DDPStrategy):
@@ -134,6 +149,12 @@ class CommschedStrategy(DDPStrategy):
             wrapped.append(opt)
         self.optimizers = wrapped
 
+    def setup_precision_plugin(self) -> None:
+        """Lightning's, with clipping under mixed precision allowed (_UnscaledMixedPrecision)."""
+        if type(self.precision_plugin) is MixedPrecision:
+            self.precision_plugin.__class__ = _UnscaledMixedPrecision
+        super().setup_precision_plugin()
+
     def _rebind_schedulers(self, original: torch.optim.Optimizer,
                            wrapped: _DistributedOptimizer) -> None:
         """Points `original`'s LR schedulers at the wrapper.
@@ -175,13 +196,6 @@ class CommschedStrategy(DDPStrategy):
         result = closure()  # outside step(): commsched times the update apart from compute
         precision = self.precision_plugin
         if isinstance(precision, MixedPrecision) and precision.scaler is not None:
-            if module.trainer.gradient_clip_val:  # Lightning's own error would blame fusion
-                raise NotImplementedError(
-                    "commsched.lightning: gradient_clip_val with precision='16-mixed' is not "
-                    "supported (Lightning refuses to clip for an optimizer that takes "
-                    "GradScaler's step itself, as commsched's does); use 'bf16-mixed' or "
-                    "'32-true', or clip in on_before_optimizer_step, where the gradients are "
-                    "averaged and unscaled")
             # Horovod's recipe: average, unscale, then the scaler's step on those gradients.
             optimizer.synchronize()
             if result is not None or not module.automatic_optimization:
