@@ -1,0 +1,101 @@
+"""Writes benchmarks/scale/README.md from what scripts/bench_scale.sh left for each model: the
+2-rank measurement with its predictions (validation rows) and the simulator's sweep.
+
+    python scripts/scale_report.py benchmarks/scale resnet50 gpt2 --command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+UNCOMPRESSED = 1.0
+
+
+def _load(path: str) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def validation_lines(measured: dict[str, Any]) -> list[str]:
+    """Each commsched candidate's measured median beside its prediction from its own profile."""
+    lines = ["| candidate | measured ms | predicted ms | error |", "|---|---:|---:|---:|"]
+    for row in measured["rows"]:
+        predicted = row.get("predicted_ms")
+        cells = (f"{predicted:.1f}", f"{100 * row['prediction_error']:.1f}%") \
+            if predicted is not None else ("-", "-")
+        lines.append(f"| {row['name']} | {row['median_ms']:.1f} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(rows, key=lambda r: r["iteration_s"])
+
+
+def sweep_lines(simulated: dict[str, Any]) -> list[str]:
+    """Per scenario: the scaling factor of horovod, ddp, the fastest policy, and the fastest
+    with PowerSGD (the scaling factor is T(1 worker) / T(n workers), 1.0 = perfect)."""
+    (model,) = simulated["models"].values()
+    scenarios: dict[tuple[int, float], list[dict[str, Any]]] = {}
+    for row in model["rows"]:
+        scenarios.setdefault((row["workers"], row["bandwidth_gbit_s"]), []).append(row)
+    lines = ["| workers | link | horovod | ddp | fastest policy | PowerSGD rank 4, fastest |",
+             "|---:|---|---:|---:|---|---|"]
+    for (workers, gbit), rows in sorted(scenarios.items()):
+        plain = [r for r in rows if r["compression"] == UNCOMPRESSED]
+        by_policy = {r["policy"]: r for r in plain}
+        best = _best(plain)
+        compressed = [r for r in rows if r["compression"] != UNCOMPRESSED]
+        powersgd = f"{_best(compressed)['policy']} {_best(compressed)['scaling']:.3f}" \
+            if compressed else "-"
+        lines.append(f"| {workers} | {gbit:g} Gbit/s | {by_policy['horovod']['scaling']:.3f} | "
+                     f"{by_policy['ddp']['scaling']:.3f} | {best['policy']} "
+                     f"{best['scaling']:.3f} | {powersgd} |")
+    return lines
+
+
+def model_section(root: str, name: str) -> list[str]:
+    measured = _load(os.path.join(root, name, "measured", "results.json"))
+    simulated = _load(os.path.join(root, name, "results.json"))
+    meta = measured["meta"]
+    return [f"## {name}", "",
+            f"Measured: {meta['world_size']} ranks, {meta['network']}, command "
+            f"`torchrun --standalone --nproc_per_node={meta['world_size']} -m "
+            f"{meta['command'].removeprefix('python -m ')}`.", "",
+            *validation_lines(measured), "",
+            "Predicted from the `commsched:horovod` candidate's profile "
+            f"(`{name}/profiles/candidate1.json`); scaling factor per policy:", "",
+            *sweep_lines(simulated), "",
+            f"Every policy and knob setting: [{name}/table.md]({name}/table.md). "
+            f"![{name}]({name}/scaling.png)", ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("root")
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--command", required=True)
+    args = parser.parse_args()
+    lines = ["# Scale by simulation, calibrated on measurement", "",
+             f"Command: `{args.command}`.", "",
+             "Each model was first measured here: 2 ranks on one 2-core machine's loopback, "
+             "its gradients at full size and its inputs reduced (docs/examples.md). Each "
+             "commsched candidate's own profile then predicted its measured iteration: the "
+             "validation rows. The `horovod` candidate's profile, with this CPU's compute times, "
+             "then gave the sweep. A GPU computes these models many times faster than a CPU core, "
+             "so on a GPU the same links leave far more of the iteration to communication: "
+             "these rows show the policies on this CPU's compute, not a GPU cluster's scaling. "
+             "GPU profiles of these models have not been recorded yet.", "",
+             "Scaling factor: one worker's iteration time over n workers' (1.0: perfect). "
+             "`ddp` is commsched's DDP-bucket policy, the simulator's stand-in for PyTorch DDP.",
+             ""]
+    for name in args.models:
+        lines += model_section(args.root, name)
+    with open(os.path.join(args.root, "README.md"), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
