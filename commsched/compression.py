@@ -143,8 +143,9 @@ class TopK:
 
     Each compressed gradient (plus this rank's residual) sends the `ratio` share of its entries
     largest in magnitude; the rest is kept as the residual for the next step (error feedback).
-    Every rank sends exactly k values and k indices, a fixed-size all-gather
-    (docs/compression.md).
+    Under torch's SGD with momentum, DGC's momentum correction and masking instead
+    (commsched/runtime/momentum.py). Every rank sends exactly k values and k indices, a
+    fixed-size all-gather (docs/compression.md).
 
     Attributes:
         ratio: the share of each compressed tensor's entries sent, in (0, 1].
@@ -225,7 +226,11 @@ class Compression:
         """Top-k: each compressed gradient sends its `ratio` share of largest-magnitude entries.
 
         Tensors whose k values and k indices would not halve their bytes (biases, small
-        layers) are exchanged as usual. The argument is checked as COMMSCHED_TOPK_RATIO is.
+        layers) are exchanged as usual. Under ``torch.optim.SGD`` with momentum, each rank
+        sends from its momentum-corrected velocity (Deep Gradient Compression) and your SGD's
+        own momentum is not applied on top; under other optimizers with momentum (Adam), plain
+        error feedback, with a warning (docs/compression.md, "Top-k under momentum"). The
+        argument is checked as COMMSCHED_TOPK_RATIO is.
 
         Args:
             ratio: the share of entries sent, in (0, 1].

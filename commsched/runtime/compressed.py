@@ -4,15 +4,18 @@ plan], commsched/plan/compressed.py).
 
 What happens to one compressed gradient (read top to bottom):
     backward:      the hook hands the gradient here instead of to the engine: M = g + e (the
-                   residual e holds M from now on); PowerSGD: P = M Q, P marked ready (its
-                   block is reduced with the gradients); top-k: its k largest entries go to
-                   this rank's slice of the values/indices wire tensors, e loses them, and the
-                   last compressed gradient marks those tensors ready
+                   residual e holds M from now on; top-k under momentum SGD: e is DGC's
+                   accumulated velocity v instead, Note [DGC under the user's momentum] in
+                   runtime/momentum.py); PowerSGD: P = M Q, P marked ready (its block is
+                   reduced with the gradients); top-k: its k largest entries go to this rank's
+                   slice of the values/indices wire tensors, e (and DGC's velocity) loses them,
+                   and the last compressed gradient marks those tensors ready
     synchronize(): `release_late`: PowerSGD: per Q in plan order, wait for P's block,
                    orthogonalise P, Q = M^T P, mark Q ready; the engine reduces the Qs
                    `finish`: p.grad = P Q^T (PowerSGD; e = M - P Q^T, Q kept as the next
                    warm start) or the sum of every rank's entries (top-k), both scaled as the
-                   engine scales an all-reduce (Average, gradient_predivide_factor)
+                   engine scales an all-reduce (Average, gradient_predivide_factor); under DGC,
+                   the gradient from which the user's SGD makes exactly that update
 
 Note [Residuals are per rank, Q is shared]
 The residual of error feedback is this rank's own (what its compressed message left out); Q

@@ -43,9 +43,9 @@ def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[t
     compressed = [i for i, p in enumerate(params) if lossy.compresses(p.shape)]
     # Top-k's compressed tensors: DGC's exchanged sum is the update, stepped without momentum.
     dgc = [p for i, p in enumerate(params) if isinstance(lossy, TopK) and i in compressed]
-    opt = torch.optim.SGD([p for p in params if all(p is not q for q in dgc)], lr=0.1,
-                          momentum=MOMENTUM)
-    plain = torch.optim.SGD(dgc, lr=0.1) if dgc else None
+    rest = [p for p in params if all(p is not q for q in dgc)]
+    optimizers = [torch.optim.SGD(rest, lr=0.1, momentum=MOMENTUM)] if rest else []
+    optimizers += [torch.optim.SGD(dgc, lr=0.1)] if dgc else []
     residuals = {i: [torch.zeros(matrix_shape(params[i].shape) if params[i].dim() > 1
                                  else params[i].shape) for _ in range(world)]
                  for i in compressed}
@@ -74,9 +74,8 @@ def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[t
                     grads, velocities[i], residuals[i], lossy.k(p.numel()), MOMENTUM,
                     scale=scale)
                 p.grad = average.reshape(p.shape)
-        opt.step()
-        if plain is not None:
-            plain.step()
+        for opt in optimizers:
+            opt.step()
     return [p.detach() for p in params]
 
 

@@ -1,0 +1,232 @@
+"""Top-k under momentum (issue 55, item 3): DGC's momentum correction and masking against
+float64 references written independently of the implementation, momentum applied once, plain
+error feedback without momentum, and the warning where no correction applies. A world of one:
+the 2-rank run and the least-squares convergence check are in tests/dist/test_dgc_dist.py."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import commsched
+from commsched import Compression
+from commsched.compression import TopK, sgd_momentum_factor, simulate_dgc
+
+WORLD = 3
+LR, WD = 0.1, 0.01
+
+
+# -- float64 references --------------------------------------------------------------------------
+
+def _top(m: torch.Tensor, k: int) -> torch.Tensor:
+    """Where m's k largest magnitudes are (a threshold, not torch.topk)."""
+    threshold = m.abs().flatten().sort(descending=True).values[k - 1]
+    return m.abs() >= threshold
+
+
+def dgc_reference(grads_per_step: list[list[torch.Tensor]], k: int, momentum: float,
+                  nesterov: bool = False) -> list[torch.Tensor]:
+    """Lin et al.'s algorithm: per rank u = m u + g, v = v + u, send top-k of v, clear v and u
+    where sent; the update is the average of what was sent. Float64."""
+    us = [torch.zeros_like(g, dtype=torch.float64) for g in grads_per_step[0]]
+    vs = [torch.zeros_like(u) for u in us]
+    out = []
+    for grads in grads_per_step:
+        sent = []
+        for r, g in enumerate(grads):
+            g = g.double()
+            us[r] = momentum * (us[r] + g) if nesterov else momentum * us[r] + g
+            vs[r] = vs[r] + us[r] + (g if nesterov else 0)
+            mask = _top(vs[r], k)
+            sent.append(torch.where(mask, vs[r], 0.0))
+            vs[r] = torch.where(mask, 0.0, vs[r])
+            us[r] = torch.where(mask, 0.0, us[r])
+        out.append(torch.stack(sent).mean(0))
+    return out
+
+
+def ef_reference(grads_per_step: list[list[torch.Tensor]], k: int) -> list[torch.Tensor]:
+    """Plain error feedback: send top-k of g + e, keep the rest in e. Float64."""
+    es = [torch.zeros_like(g, dtype=torch.float64) for g in grads_per_step[0]]
+    out = []
+    for grads in grads_per_step:
+        sent = []
+        for r, g in enumerate(grads):
+            m = g.double() + es[r]
+            mask = _top(m, k)
+            sent.append(torch.where(mask, m, 0.0))
+            es[r] = torch.where(mask, 0.0, m)
+        out.append(torch.stack(sent).mean(0))
+    return out
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    return [torch.randn(12, 9, generator=gen) for _ in range(WORLD)]
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_simulate_dgc_matches_float64_reference(nesterov: bool) -> None:
+    per_step = [_grads(s) for s in range(4)]
+    expected = dgc_reference(per_step, k=10, momentum=0.9, nesterov=nesterov)
+    us = [torch.zeros(12, 9) for _ in range(WORLD)]
+    vs = [torch.zeros(12, 9) for _ in range(WORLD)]
+    for grads, want in zip(per_step, expected, strict=True):
+        reduced, us, vs = simulate_dgc(grads, us, vs, k=10, momentum=0.9, nesterov=nesterov)
+        torch.testing.assert_close(reduced.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_full_density_dgc_sends_the_gradient() -> None:
+    """Every entry sent at every step: masking clears each velocity, the update is the plain
+    average (DGC as published; Note [DGC under the user's momentum])."""
+    for grads, want in zip(dgc_reference([_grads(s) for s in range(3)], 108, 0.9),
+                           [torch.stack(_grads(s)).double().mean(0) for s in range(3)],
+                           strict=True):
+        torch.testing.assert_close(grads, want)
+
+
+@pytest.mark.parametrize(("momentum", "dampening", "nesterov"),
+                         [(0.9, 0.0, False), (0.9, 0.3, False), (0.9, 0.0, True)])
+def test_handed_gradient_makes_sgd_step_by_the_update(momentum: float, dampening: float,
+                                                      nesterov: bool) -> None:
+    """torch's SGD with a zeroed (or absent) buffer turns X / f - wd p into the update X."""
+    x, p = torch.randn(7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    for first_step in (True, False):
+        param = p.clone().requires_grad_()
+        opt = torch.optim.SGD([param], lr=LR, momentum=momentum, dampening=dampening,
+                              nesterov=nesterov, weight_decay=WD)
+        if not first_step:
+            opt.state[param]["momentum_buffer"] = torch.zeros_like(p)
+        factor = sgd_momentum_factor(momentum, dampening, nesterov, first_step)
+        param.grad = x / factor - WD * p
+        opt.step()
+        torch.testing.assert_close(param.detach(), p - LR * x)
+
+
+# -- the runtime in a world of one, against the references ----------------------------------------
+
+class _Everything(TopK):
+    """Top-k that compresses every tensor, at any ratio (ratio 1: every entry sent)."""
+
+    def compresses(self, shape: Any) -> bool:
+        return math.prod(shape) > 0
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 5))
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(8, 20, generator=torch.Generator().manual_seed(step))
+
+
+def _run(lossy: Any, steps: int = 5, **sgd: Any) -> list[torch.Tensor]:
+    model = _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, **sgd),
+        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2)
+    for step in range(steps):
+        opt.zero_grad()
+        model(_batch(step)).square().mean().backward()
+        opt.step()
+    opt.session.close()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov: bool = False,
+                   weight_decay: float = 0.0) -> list[torch.Tensor]:
+    """Float64: DGC (momentum > 0) or plain error feedback on the compressed tensors, whose
+    update is lr x the exchanged value (weight decay inside DGC's gradient); the rest by
+    torch's SGD with the same hyper-parameters."""
+    model = _model().double()
+    params = list(model.parameters())
+    compressed = [p for p in params if lossy.compresses(p.shape)]
+    rest = [p for p in params if not lossy.compresses(p.shape)]
+    opt = torch.optim.SGD(rest, lr=LR, momentum=momentum, nesterov=nesterov,
+                          weight_decay=weight_decay) if rest else None
+    history: dict[int, list[list[torch.Tensor]]] = {id(p): [] for p in compressed}
+    for step in range(steps):
+        model.zero_grad()
+        model(_batch(step).double()).square().mean().backward()
+        with torch.no_grad():
+            for p in compressed:
+                assert p.grad is not None
+                history[id(p)].append([p.grad + weight_decay * p if momentum else p.grad])
+                k = lossy.k(p.numel())
+                updates = dgc_reference(history[id(p)], k, momentum, nesterov) if momentum \
+                    else ef_reference(history[id(p)], k)
+                direction = updates[-1] if momentum else updates[-1] + weight_decay * p
+                p.grad = None
+                p.sub_(LR * direction)
+        if opt is not None:
+            opt.step()
+    return [p.detach() for p in params]
+
+
+def _close(ours: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for a, b in zip(ours, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("sgd", "ratio"), [({"momentum": 0.9, "weight_decay": WD}, 0.1),
+                                            ({"momentum": 0.9, "nesterov": True}, 0.2),
+                                            ({"weight_decay": WD}, 0.1)],
+                         ids=["momentum", "nesterov", "no-momentum"])
+def test_runtime_matches_float64_reference(sgd: dict[str, Any], ratio: float) -> None:
+    """Momentum SGD: DGC, the user's momentum not applied again; no momentum: plain error
+    feedback. The uncompressed biases keep the user's momentum SGD."""
+    lossy = TopK(ratio)
+    _close(_run(lossy, **sgd), _reference_run(lossy, **sgd))
+
+
+def test_momentum_is_applied_once() -> None:
+    """Every entry sent at every step under SGD(momentum=0.9): DGC clears every velocity, so the
+    run is plain SGD, bit for bit to float tolerance. Had the user's momentum acted too, it
+    would be momentum SGD (the last line checks that this differs)."""
+    everything = _Everything(ratio=1.0)
+    ours = _run(everything, momentum=0.9, weight_decay=WD)
+    _close(ours, [p.double() for p in _run(Compression.none, weight_decay=WD)])
+    with_momentum = _run(Compression.none, momentum=0.9, weight_decay=WD)
+    assert any(not torch.allclose(a, b, atol=1e-4) for a, b in zip(ours, with_momentum,
+                                                                    strict=True))
+
+
+# -- warnings ------------------------------------------------------------------------------------
+
+def _wrap_warnings(opt_cls: type, lossy: Any, **hyper: Any) -> list[str]:
+    model = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = commsched.DistributedOptimizer(opt_cls(model.parameters(), lr=LR, **hyper),
+                                             named_parameters=model.named_parameters(),
+                                             compression=lossy, profile_steps=0)
+    opt.session.close()
+    return [str(w.message) for w in caught if "error feedback" in str(w.message)]
+
+
+@pytest.mark.parametrize(("opt_cls", "hyper", "why"), [
+    (torch.optim.Adam, {}, "Adam with betas[0]=0.9"),
+    (torch.optim.AdamW, {}, "AdamW with betas[0]=0.9"),
+    (torch.optim.RMSprop, {"momentum": 0.5}, "RMSprop with momentum=0.5"),
+    (torch.optim.SGD, {"momentum": 0.9, "maximize": True}, "maximize=True")])
+def test_uncorrected_momentum_warns_once(opt_cls: type, hyper: dict[str, Any], why: str) -> None:
+    caught = _wrap_warnings(opt_cls, Compression.topk(0.1), **hyper)
+    assert len(caught) == 1 and why in caught[0], caught
+
+
+@pytest.mark.parametrize(("opt_cls", "lossy", "hyper"), [
+    (torch.optim.SGD, Compression.topk(0.1), {"momentum": 0.9}),
+    (torch.optim.SGD, Compression.topk(0.1), {}),
+    (torch.optim.RMSprop, Compression.topk(0.1), {}),
+    (torch.optim.SGD, Compression.powersgd(rank=2, min_ratio=1), {"momentum": 0.9}),
+    (torch.optim.Adam, Compression.powersgd(rank=2, min_ratio=1), {})],
+    ids=["topk-sgd-momentum", "topk-sgd", "topk-rmsprop", "powersgd-sgd", "powersgd-adam"])
+def test_no_warning_where_the_method_is_fine(opt_cls: type, lossy: Any,
+                                             hyper: dict[str, Any]) -> None:
+    assert _wrap_warnings(opt_cls, lossy, **hyper) == []
