@@ -1,17 +1,20 @@
 """Top-k under momentum SGD on 2 Gloo ranks (issue 55, item 3): the least-squares task on which
 plain error feedback stalls trains with DGC's momentum correction to within 2x of uncompressed,
 as a float64 reference of DGC does; the reference of plain error feedback stalls (the "before").
-Only the top-k run is spawned (about 5 s of the suite's time go to starting the ranks): the
-uncompressed loss is the float64 reference's, which commsched's uncompressed run matched to
-six digits (0.0418428 both) when this test was written. The plan is ddp's: horovod's waits for
-its cycle, 11-17 ms a step on this 2-core machine against 0.6 ms."""
+
+The 2-rank run rides in an existing spawned job (test_compression_dist.py's 2-rank top-k case
+calls `train_least_squares` after its own run and `check_least_squares` on the result): starting
+the ranks costs more than the 300 steps. The uncompressed loss is the float64 reference's, which
+commsched's uncompressed run matched to six digits (0.0418428 both) when this was written. The
+plan is ddp's: horovod's waits for its cycle, 11-17 ms a step on this 2-core machine against
+0.6 ms.
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from helpers import distributed_test
 
 WORLD, FEATURES, OUTPUTS, SAMPLES = 2, 48, 4, 48
 STEPS, LR, MOMENTUM, RATIO = 300, 0.05, 0.9, 0.1
@@ -33,11 +36,11 @@ def _loss(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x @ w.T - y).square().mean()
 
 
-def _train_topk() -> float:
-    """On each rank: top-k 10% under SGD(momentum=0.9); this rank's final loss."""
+def train_least_squares() -> float:
+    """On each rank (commsched initialised): top-k 10% under SGD(momentum=0.9) for 300 steps;
+    this rank's final loss."""
     import commsched
 
-    commsched.init()
     rank = commsched.rank()
     xs, ys = _data()
     x, y = xs[rank].float(), ys[rank].float()
@@ -49,6 +52,7 @@ def _train_topk() -> float:
         opt.zero_grad()
         _loss(w, x, y).backward()
         opt.step()
+    opt.session.close()
     return float(_loss(w.detach(), x, y))
 
 
@@ -87,12 +91,18 @@ def _reference(mode: str) -> float:
     return float(sum(_loss(w, x, y) for x, y in zip(xs, ys, strict=True)) / WORLD)
 
 
-def test_topk_trains_under_momentum_on_least_squares() -> None:
-    results = distributed_test(_train_topk, world_size=WORLD, timeout=120)
-    ours = sum(results.values()) / WORLD
+def test_references_plain_error_feedback_stalls_dgc_does_not() -> None:
     reference = {mode: _reference(mode) for mode in ("none", "ef", "dgc")}
-    print(f"least squares, {STEPS} steps: top-k {ours:.4f}, float64 references {reference}")
-    assert reference["ef"] > 5 * reference["none"]  # plain error feedback stalls ...
-    assert reference["dgc"] < 2 * reference["none"]  # ... DGC does not
-    assert ours < 2 * reference["none"]
-    assert math.isclose(ours, reference["dgc"], rel_tol=0.05)
+    assert reference["ef"] > 5 * reference["none"], reference
+    assert reference["dgc"] < 2 * reference["none"], reference
+
+
+def check_least_squares(per_rank: list[float]) -> None:
+    """The 2-rank run's final losses (train_least_squares on each rank) against the float64
+    references: within 2x of uncompressed, and where DGC's reference ends."""
+    ours = sum(per_rank) / len(per_rank)
+    none, dgc = _reference("none"), _reference("dgc")
+    print(f"least squares, {STEPS} steps: top-k {ours:.4f}, float64 none {none:.4f}, "
+          f"dgc {dgc:.4f}")
+    assert ours < 2 * none, (ours, none)
+    assert math.isclose(ours, dgc, rel_tol=0.05), (ours, dgc)
