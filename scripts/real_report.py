@@ -1,0 +1,93 @@
+"""Writes benchmarks/real/README.md from the jobs of scripts/bench_real.sh: per model, every
+candidate's median with its ratio to the `hvd` of its own job, and the best policy against the
+floor and the targets of issue 55 (best <= 0.85x hvd and <= 1.10x the floor; none > 1.05x hvd).
+
+    python scripts/real_report.py benchmarks/real --command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+COMMSCHED = "commsched:"
+
+
+def _jobs(root: str, model: str) -> dict[str, dict[str, Any]]:
+    jobs = {}
+    for group in sorted(os.listdir(os.path.join(root, model))):
+        path = os.path.join(root, model, group, "results.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                jobs[group] = json.load(handle)
+    return jobs
+
+
+def _floor(jobs: dict[str, dict[str, Any]]) -> float | None:
+    floors = [job["bound"].get("floor_ms") for job in jobs.values()]
+    return min((f for f in floors if f is not None), default=None)
+
+
+def _auto_line(group: str, verdict: dict[str, Any]) -> str:
+    ratio = verdict.get("auto_vs_fastest")
+    return (f"`auto` in `{group}` kept {verdict.get('auto_policy')} "
+            f"{verdict.get('auto_knobs') or ''}; measured fastest other commsched candidate: "
+            f"{verdict.get('measured_fastest')}; auto "
+            f"{'-' if ratio is None else f'{ratio:.3f}x'} it (target: within 3%).")
+
+
+def model_lines(model: str, jobs: dict[str, dict[str, Any]]) -> list[str]:
+    floor = _floor(jobs)
+    lines = [f"## {model}", "", "| job | candidate | median ms | vs its job's hvd | vs DDP | "
+             "vs floor | hvd waits |", "|---|---|---:|---:|---:|---:|---:|"]
+    commsched_rows = []
+    for group, job in jobs.items():
+        waiting = job["bound"].get("hvd_waiting_fraction")
+        for row in job["rows"]:
+            ddp = row.get("vs_torch-ddp")
+            vs_floor = row["median_ms"] / floor if floor else None
+            lines.append(
+                f"| {group} | {row['name']} | {row['median_ms']:.1f} | {row['vs_hvd']:.3f} | "
+                f"{'-' if ddp is None else f'{ddp:.3f}'} | "
+                f"{'-' if vs_floor is None else f'{vs_floor:.3f}'} | "
+                f"{'-' if waiting is None else f'{100 * waiting:.0f}%'} |")
+            if row["name"].startswith(COMMSCHED):
+                commsched_rows.append((group, row, vs_floor))
+    best_group, best, best_floor = min(commsched_rows, key=lambda item: item[1]["vs_hvd"])
+    worst_group, worst, _ = max(commsched_rows, key=lambda item: item[1]["vs_hvd"])
+    floor_text = "-" if best_floor is None else f"{best_floor:.3f}x"
+    lines += ["", f"Floor: {floor:.1f} ms (the lowest over every job's profiles)." if floor
+              else "Floor: not computed.",
+              f"Best commsched policy: {best['name']} ({best_group}), {best['vs_hvd']:.3f}x "
+              f"hvd (target <= 0.85x), {floor_text} the floor (target <= 1.10x).",
+              f"Slowest commsched policy: {worst['name']} ({worst_group}), "
+              f"{worst['vs_hvd']:.3f}x hvd (target <= 1.05x).", ""]
+    for group, job in jobs.items():
+        lines.append(f"Job `{group}`: `{job['meta']['command']}`, {job['meta']['network']}.")
+        for verdict in job["bound"].get("auto") or []:
+            lines.append(_auto_line(group, verdict))
+    return lines + [""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("root")
+    parser.add_argument("--command", required=True)
+    args = parser.parse_args()
+    lines = ["# Real models: every policy against hvd and DDP", "",
+             f"Command: `{args.command}` (each job under `horovodrun -np 2 --gloo`, inside a "
+             "network namespace whose loopback is shaped; scripts/netem.sh).", "",
+             "Full-size gradients, reduced inputs (docs/examples.md). Median iteration time "
+             "of the slowest rank; candidates interleaved round by round within each job. A "
+             "ratio is read against the `hvd` of the same job: jobs ran one after another.", ""]
+    for model in sorted(os.listdir(args.root)):
+        if os.path.isdir(os.path.join(args.root, model)):
+            lines += model_lines(model, _jobs(args.root, model))
+    with open(os.path.join(args.root, "README.md"), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
