@@ -15,8 +15,6 @@ TINY_TRANSFORMER = ("--seq-len", "16", "--layers", "2", "--hidden", "64", "--hea
                     "--vocab", "1000")
 COMMON = ("--batch-size", "2", "--threads", "1", "--log-every", "1")
 
-pytest.importorskip("transformers", reason="setup.sh installs commsched[examples]")
-
 
 def _summaries(path: str) -> list[dict]:
     out = []
@@ -61,6 +59,7 @@ def test_resnet50_checkpoints_under_torchrun_and_resumes_under_horovodrun(tmp_pa
 ])
 def test_transformer_example_trains_on_two_ranks(tmp_path, script: str, launcher: str,
                                                  extra: tuple[str, ...]) -> None:
+    pytest.importorskip("transformers", reason="setup.sh installs commsched[examples]")
     summary = str(tmp_path / "summary{rank}.json")
     launch = torchrun if launcher == "torchrun" else horovodrun
     launch(2, os.path.join(EXAMPLES, script), *COMMON, *TINY_TRANSFORMER, *extra, "--steps", "4",
