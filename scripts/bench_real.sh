@@ -1,38 +1,51 @@
 #!/usr/bin/env bash
 # The real models (issue 55, item 2): ResNet-50 and GPT-2 124M at full size with reduced inputs
-# (commsched/bench/real_models.py), 2 ranks under horovodrun, inside a network namespace whose
-# loopback is shaped so that `hvd` waits on communication for 40-70% of its iteration. Every
-# policy against `hvd` and torch DDP, with the floor (commsched.bench.compare --predict).
+# (commsched/bench/real_models.py), under horovodrun, inside a network namespace whose loopback
+# is shaped so that `hvd` waits on communication for 40-70% of its iteration. Every policy
+# against `hvd` and torch DDP, with the floor (commsched.bench.compare --predict).
 # A model over 100 M parameters holds a copy of itself, its gradients and SGD's momentum per
 # candidate and rank (docs/examples.md), so its candidates run in groups of at most five,
 # each group one job with `hvd` in it: every ratio is read against the `hvd` of its own job.
+# MODELS (default "resnet50 gpt2") and RANKS (default 2; another count writes
+# <model>-<N>ranks/) choose the jobs.
 # Writes benchmarks/real/<model>/<group>/results.{json,md,png} and benchmarks/real/README.md.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 OUT="${OUT:-benchmarks/real}"
+MODELS="${MODELS:-resnet50 gpt2}"
+RANKS="${RANKS:-2}"
 RESNET50_RATE="${RESNET50_RATE:-1gbit}"
 GPT2_RATE="${GPT2_RATE:-4gbit}"
 ROUNDS="${ROUNDS:-4}"
 SYNC="commsched:horovod,commsched:mgwfbp"
 OVERLAP="commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB"
+SUFFIX=""
+[ "$RANKS" = 2 ] || SUFFIX="-${RANKS}ranks"
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch rate out candidates
   scripts/netem.sh up "$3"
   mkdir -p "$OUT/$4"
   # 8 warm-up steps cover commsched's 5 profiling steps; compare steps `auto` on, untimed,
   # until its checks and trials are over (commsched.bench.compare.settling).
-  scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.compare \
+  scripts/netem.sh run .venv/bin/horovodrun -np "$RANKS" --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds "$ROUNDS" --steps 4 --warmup 8 --candidates "$5" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$4" 2>&1 | rank0_stdout
 }
-# ResNet-50 (25.6 M parameters): every candidate in one job.
-run resnet50 8 "$RESNET50_RATE" resnet50/all "local (no comm),hvd,torch-ddp,$SYNC,$OVERLAP,commsched:auto"
-# GPT-2 (124 M): three jobs. `auto` without trials (auto_trials=0: the prediction alone
-# decides): its trials take some 400 steps, over 20 minutes at GPT-2's 3-4 s per step here.
-run gpt2 1 "$GPT2_RATE" gpt2/synchronous "local (no comm),hvd,torch-ddp,$SYNC"
-run gpt2 1 "$GPT2_RATE" gpt2/overlap "hvd,$OVERLAP"
-run gpt2 1 "$GPT2_RATE" gpt2/auto "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto?auto_trials=0"
+for model in $MODELS; do
+  case "$model" in
+    resnet50)  # 25.6 M parameters: every candidate in one job.
+      run resnet50 8 "$RESNET50_RATE" "resnet50$SUFFIX/all" \
+        "local (no comm),hvd,torch-ddp,$SYNC,$OVERLAP,commsched:auto" ;;
+    gpt2)  # 124 M: three jobs. `auto` without trials (auto_trials=0: the prediction alone
+      # decides): its trials take some 400 steps, over 20 minutes at 3-4 s per step here.
+      run gpt2 1 "$GPT2_RATE" "gpt2$SUFFIX/synchronous" "local (no comm),hvd,torch-ddp,$SYNC"
+      run gpt2 1 "$GPT2_RATE" "gpt2$SUFFIX/overlap" "hvd,$OVERLAP"
+      run gpt2 1 "$GPT2_RATE" "gpt2$SUFFIX/auto" \
+        "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto?auto_trials=0" ;;
+    *) echo "bench_real: no jobs for model '$model' (resnet50, gpt2)" >&2; exit 2 ;;
+  esac
+done
 .venv/bin/python scripts/real_report.py "$OUT" \
-  --command "RESNET50_RATE=$RESNET50_RATE GPT2_RATE=$GPT2_RATE ROUNDS=$ROUNDS scripts/bench_real.sh"
+  --command "MODELS='$MODELS' RANKS=$RANKS RESNET50_RATE=$RESNET50_RATE GPT2_RATE=$GPT2_RATE ROUNDS=$ROUNDS scripts/bench_real.sh"
 echo "bench_real: wrote $OUT/README.md" >&2

@@ -71,14 +71,30 @@ def model_lines(model: str, jobs: dict[str, dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def _remember(root: str, command: str) -> list[str]:
+    """Every command that wrote into `root`, this one added (commands.txt keeps them)."""
+    path = os.path.join(root, "commands.txt")
+    commands = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            commands = [line.rstrip("\n") for line in handle if line.strip()]
+    if command not in commands:
+        commands.append(command)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{c}\n" for c in commands))
+    return commands
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("root")
     parser.add_argument("--command", required=True)
     args = parser.parse_args()
+    commands = _remember(args.root, args.command)
     lines = ["# Real models: every policy against hvd and DDP", "",
-             f"Command: `{args.command}` (each job under `horovodrun -np 2 --gloo`, inside a "
-             "network namespace whose loopback is shaped; scripts/netem.sh).", "",
+             "Commands, one after another (each job under `horovodrun --gloo`, inside a network "
+             "namespace whose loopback is shaped; scripts/netem.sh):", "",
+             *[f"* `{command}`" for command in commands], "",
              "Full-size gradients, reduced inputs (docs/examples.md). Median iteration time "
              "of the slowest rank; candidates interleaved round by round within each job. A "
              "ratio is read against the `hvd` of the same job: jobs ran one after another.", ""]
