@@ -1,9 +1,10 @@
-"""Renders README.md's headline table from the committed overlap reports.
+"""Renders README.md's headline tables from the committed benchmark reports.
 
-The table sits between `<!-- headline:begin -->` and `<!-- headline:end -->` in README.md. It
-is made from benchmarks/overlap/cnn/results.json and benchmarks/overlap/transformer/results.json
-(written by scripts/bench_overlap.sh), never typed by hand. tests/unit/test_readme.py fails when
-the README's table differs from what this script renders.
+The tables sit between `<!-- headline:begin -->` and `<!-- headline:end -->` in README.md. The
+real models come first, from benchmarks/real/{resnet50,gpt2}/*/results.json (written by
+scripts/bench_real.sh); then the built-in ones, from benchmarks/overlap/cnn/results.json and
+benchmarks/overlap/transformer/results.json (scripts/bench_overlap.sh). Never typed by hand:
+tests/unit/test_readme.py fails when the README's tables differ from what this script renders.
 
     python3 scripts/readme_headline.py          # rewrite the table in README.md
     python3 scripts/readme_headline.py --check  # exit 1 if README.md is out of date
@@ -23,11 +24,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEGIN = "<!-- headline:begin -->"
 END = "<!-- headline:end -->"
 COMMAND = "CNN_RATE=1gbit TRANSFORMER_RATE=1gbit scripts/bench_overlap.sh"
+REAL_COMMAND = ("MODELS='resnet50 gpt2' RANKS=2 RESNET50_RATE=1gbit GPT2_RATE=4gbit ROUNDS=4 "
+                "scripts/bench_real.sh")
 # (label, report) in the order of the table.
 REPORTS = (("CNN", "benchmarks/overlap/cnn/results.json"),
            ("Transformer", "benchmarks/overlap/transformer/results.json"))
+# (label, folder of its jobs' reports, the link they ran on) in the order of the table.
+REAL = (("ResNet-50", "benchmarks/real/resnet50", "1gbit"),
+        ("GPT-2 124M", "benchmarks/real/gpt2", "4gbit"))
 # Policies that keep Horovod's semantics: step() waits for every block.
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
+OVERLAP = ("bytescheduler", "prophet", "dear")
 
 
 def policy_of(candidate: str) -> str:
@@ -51,6 +58,75 @@ def rows_of(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             (f"commsched `auto` (kept `{auto['auto_policy']}`)", by_name[auto["auto"]])]
 
 
+def _fastest(rows: list[tuple[dict[str, Any], dict[str, Any]]],
+             policies: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    mine = [(row, job) for row, job in rows if row["name"].startswith("commsched:")
+            and "#" not in row["name"] and policy_of(row["name"]) in policies]
+    return min(mine, key=lambda item: item[0]["vs_hvd"])
+
+
+def real_rows(jobs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """A real model's five rows (name, row, its job's report): hvd and DDP from the job that
+    has DDP, the fastest synchronous and overlap policies and auto, each from its own job."""
+    rows = [(row, job) for job in jobs for row in job["rows"]]
+    baseline = next(job for job in jobs if any(r["name"] == "torch-ddp" for r in job["rows"]))
+    by_name = {row["name"]: row for row in baseline["rows"]}
+    sync, sync_job = _fastest(rows, SYNCHRONOUS)
+    overlap, overlap_job = _fastest(rows, OVERLAP)
+    auto_job = next(job for job in jobs if job["bound"].get("auto"))
+    auto = auto_job["bound"]["auto"][0]
+    auto_row = next(row for row in auto_job["rows"] if row["name"] == auto["auto"])
+    return [("`hvd` (Horovod's own optimizer)", by_name["hvd"], baseline),
+            ("PyTorch DDP", by_name["torch-ddp"], baseline),
+            (f"commsched `{policy_of(sync['name'])}` (fastest synchronous policy)", sync,
+             sync_job),
+            (f"commsched `{policy_of(overlap['name'])}` (fastest overlap policy)", overlap,
+             overlap_job),
+            (f"commsched `{auto['auto'].removeprefix('commsched:')}` (kept "
+             f"`{auto['auto_policy']}`)", auto_row, auto_job)]
+
+
+def _jobs(root: pathlib.Path, folder: str, link: str) -> list[dict[str, Any]]:
+    jobs = [json.loads(path.read_text(encoding="utf-8"))
+            for path in sorted((root / folder).glob("*/results.json"))]
+    for job in jobs:
+        meta = job["meta"]
+        if meta["world_size"] != 2 or meta["network"] != f"loopback shaped to {link}":
+            raise ValueError(f"{folder}: a job not of 2 ranks at {link} ({meta['world_size']} "
+                             f"ranks, {meta['network']})")
+    return jobs
+
+
+def _ratio(row: dict[str, Any], key: str, mark: str) -> str:
+    value = row.get(key)
+    return "-" if value is None else f"{mark}{value:.3f}x{mark}"
+
+
+def render_real(root: pathlib.Path = ROOT) -> list[str]:
+    """The real models' table and the lines under it."""
+    lines = ["| model | candidate | ms per iteration | vs `hvd` of its job | vs DDP |",
+             "|---|---|---:|---:|---:|"]
+    waits, leads = [], []
+    for label, folder, link in REAL:
+        rows = real_rows(_jobs(root, folder, link))
+        for name, row, _ in rows:
+            mark = "**" if "(fastest overlap policy)" in name or "`auto" in name else ""
+            lines.append(f"| {label} | {name} | {row['median_ms']:.1f} | "
+                         f"{_ratio(row, 'vs_hvd', mark)} | {_ratio(row, 'vs_torch-ddp', mark)} |")
+        baseline = rows[0][2]["bound"]
+        waits.append(f"{baseline['hvd_waiting_fraction']:.0%} on {label} ({link})")
+        overlap, auto = rows[3], rows[4]
+        leads.append(f"on {label} {overlap[0].split(' ')[1]} took {overlap[1]['vs_hvd']:.3f}x "
+                     f"`hvd`'s time and {auto[0].split(' ')[1]} {auto[1]['vs_hvd']:.3f}x")
+    return [f"On the real models, {'; '.join(leads)}.", ""] + lines + [
+        "",
+        f"Median iteration time, 2 ranks, full-size gradients and reduced inputs "
+        f"(docs/examples.md). `hvd` waits on the network for {' and '.join(waits)}. GPT-2's "
+        "candidates ran in three jobs (memory); each ratio is against the `hvd` of its own "
+        "job. Rendered from `benchmarks/real/` (its README has every candidate).",
+        f"Command: `{REAL_COMMAND}`.", ""]
+
+
 def render(root: pathlib.Path = ROOT) -> str:
     """The text between the markers, markers excluded, newline-terminated lines."""
     lines = ["| model | candidate | ms per iteration | vs `hvd` | vs DDP |",
@@ -71,8 +147,8 @@ def render(root: pathlib.Path = ROOT) -> str:
         leads.append(f"{auto['vs_hvd']:.3f}x `hvd`'s time and {auto['vs_torch-ddp']:.3f}x "
                      f"DDP's on the {label}")
     sources = " and ".join(f"`{path}`" for _, path in REPORTS)
-    lines = [f"Where the network is the bottleneck, `auto` took {', and '.join(leads)}.",
-             ""] + lines
+    lines = render_real(root) + [
+        f"On the built-in models, `auto` took {', and '.join(leads)}.", ""] + lines
     lines += ["",
               f"Median iteration time, 2 ranks, loopback shaped to 1 Gbit/s. `hvd` waits on the "
               f"network for {' and '.join(waits)} of its iteration.",
