@@ -65,8 +65,8 @@ def model_section(root: str, name: str) -> list[str]:
             f"`torchrun --standalone --nproc_per_node={meta['world_size']} -m "
             f"{meta['command'].removeprefix('python -m ')}`.", "",
             *validation_lines(measured), "",
-            "Predicted from the `commsched:horovod` candidate's profile "
-            f"(`{name}/profiles/candidate1.json`); scaling factor per policy:", "",
+            "Predicted from the `commsched:dear` candidate's profile "
+            f"(`{name}/profiles/candidate3.json`); scaling factor per policy:", "",
             *sweep_lines(simulated), "",
             f"Every policy and knob setting: [{name}/table.md]({name}/table.md). "
             f"![{name}]({name}/scaling.png)", ""]
@@ -83,7 +83,7 @@ def main() -> None:
              "Each model was first measured here: 2 ranks on one 2-core machine's loopback, "
              "its gradients at full size and its inputs reduced (docs/examples.md). Each "
              "commsched candidate's own profile then predicted its measured iteration: the "
-             "validation rows. The `horovod` candidate's profile, with this CPU's compute times, "
+             "validation rows. The `dear` candidate's profile, with this CPU's compute times, "
              "then gave the sweep. A GPU computes these models many times faster than a CPU core, "
              "so on a GPU the same links leave far more of the iteration to communication: "
              "these rows show the policies on this CPU's compute, not a GPU cluster's scaling. "
