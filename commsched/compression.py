@@ -494,9 +494,9 @@ def dgc_mask_(velocity: torch.Tensor, accumulator: torch.Tensor, indices: torch.
 
 def sgd_momentum_factor(momentum: float, dampening: float, nesterov: bool,
                         first_step: bool) -> float:
-    """By how much torch's SGD scales a gradient into its update when its momentum buffer is
-    zero (`first_step`: absent, which SGD fills with the gradient itself, undamped).
+    """By how much torch's SGD scales a gradient into its update from a zero momentum buffer.
 
+    `first_step`: the buffer is absent, and SGD fills it with the gradient itself, undamped.
     Without Nesterov the update is the buffer, (1 - dampening) g (g on the first step); with
     it, g + m x buffer. Dividing the gradient by this factor makes the update exactly what was
     handed over (Note [DGC under the user's momentum] in commsched/runtime/momentum.py).

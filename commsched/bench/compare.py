@@ -1,7 +1,8 @@
 """Side-by-side comparison: hvd.DistributedOptimizer, PyTorch DDP and commsched's policies on one
 model (built-in, or ResNet-50, VGG-16, BERT or GPT-2 at full size), in one job, candidates
-interleaved round by round so that machine noise hits all of them alike. Run under ``horovodrun -np N --gloo``; prints a table of median iteration times
-and ratios on rank 0 and optionally writes JSON, markdown and a PNG.
+interleaved round by round so that machine noise hits all of them alike. Run under
+``horovodrun -np N --gloo``; prints a table of median iteration times and ratios on rank 0 and
+optionally writes JSON, markdown and a PNG.
 
     horovodrun -np 2 --gloo python -m commsched.bench.compare --model cnn
     horovodrun -np 2 --gloo python -m commsched.bench.compare --model gpt2 --batch-size 1
