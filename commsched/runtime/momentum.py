@@ -166,6 +166,11 @@ class MomentumCorrection:
         if hyper is None or optimizer is None:
             return
         param = self.params[index]
+        if not bool(torch.isfinite(out).all()):
+            # An overflow (fp16 under a GradScaler) reached every rank through the exchange:
+            # the scaler skips this step, and a skipped step must leave SGD's state as it was.
+            self.velocities[index].nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            return
         buffer = optimizer.state.get(param, {}).get("momentum_buffer")
         if buffer is not None:
             buffer.zero_()
