@@ -41,7 +41,9 @@ PowerSGD hook), and every entry moves at every step, so no entry is released lat
 What the user sees: ``p.grad`` after synchronize() is that handed gradient, not the averaged
 one (clip_grad_norm_ there clips DGC's update divided by f). Under an fp16 GradScaler, the
 weight-decay term (unscaled) rides with scaled gradients: its share is divided by the scale
-and SGD's own weight decay stands in, as plain decay not carried by momentum.
+and SGD's own weight decay stands in, as plain decay not carried by momentum. A step that the
+scaler skips (an overflow, which the exchange spreads to every rank) leaves SGD's buffer as it
+was; the velocities drop their non-finite entries.
 """
 
 from __future__ import annotations
