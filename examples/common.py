@@ -117,9 +117,10 @@ def train(args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Opt
         where: the device of `model`.
     """
     rank = commsched.rank()
+    settings = knobs(args.knob)
     opt = commsched.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         model=model, policy=args.policy, **knobs(args.knob))
-    policy = commsched.load_config({"policy": args.policy, **knobs(args.knob)}).policy.value
+                                         model=model, policy=args.policy, **settings)
+    policy = commsched.load_config({"policy": args.policy, **settings}).policy.value
     scaler = torch.amp.GradScaler(where.type, enabled=args.amp == "fp16")
     start = _resume(args.checkpoint, model, opt, scaler)
     # Every rank starts from rank 0's parameters and optimizer state, as Horovod's examples do.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The real models (issue 55, item 2): ResNet-50 and GPT-2 124M at full size with reduced inputs
+# The real models (issue 55, item 2): ResNet-50, VGG-16, BERT-base and GPT-2 124M at full size
+# with reduced inputs
 # (commsched/bench/real_models.py), under horovodrun, inside a network namespace whose loopback
 # is shaped so that `hvd` waits on communication for 40-70% of its iteration. Every policy
 # against `hvd` and torch DDP, with the floor (commsched.bench.compare --predict).
@@ -17,6 +18,8 @@ MODELS="${MODELS:-resnet50 gpt2}"
 RANKS="${RANKS:-2}"
 RESNET50_RATE="${RESNET50_RATE:-1gbit}"
 GPT2_RATE="${GPT2_RATE:-4gbit}"
+VGG16_RATE="${VGG16_RATE:-6gbit}"
+BERT_RATE="${BERT_RATE:-4gbit}"
 ROUNDS="${ROUNDS:-4}"
 SYNC="commsched:horovod,commsched:mgwfbp"
 OVERLAP="commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB"
@@ -37,15 +40,25 @@ for model in $MODELS; do
     resnet50)  # 25.6 M parameters: every candidate in one job.
       run resnet50 8 "$RESNET50_RATE" "resnet50$SUFFIX/all" \
         "local (no comm),hvd,torch-ddp,$SYNC,$OVERLAP,commsched:auto" ;;
+    vgg16)  # 138 M: three jobs, like GPT-2's, but `auto` with its trials (some 400 steps of
+      # about 2 s here): the one real model whose trials fit a run.
+      run vgg16 8 "$VGG16_RATE" "vgg16$SUFFIX/synchronous" "local (no comm),hvd,torch-ddp,$SYNC"
+      run vgg16 8 "$VGG16_RATE" "vgg16$SUFFIX/overlap" "hvd,$OVERLAP"
+      run vgg16 8 "$VGG16_RATE" "vgg16$SUFFIX/auto" "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto" ;;
+    bert)  # 110 M: three jobs; `auto` without trials, as for GPT-2.
+      run bert 2 "$BERT_RATE" "bert$SUFFIX/synchronous" "local (no comm),hvd,torch-ddp,$SYNC"
+      run bert 2 "$BERT_RATE" "bert$SUFFIX/overlap" "hvd,$OVERLAP"
+      run bert 2 "$BERT_RATE" "bert$SUFFIX/auto" \
+        "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto?auto_trials=0" ;;
     gpt2)  # 124 M: three jobs. `auto` without trials (auto_trials=0: the prediction alone
       # decides): its trials take some 400 steps, over 20 minutes at 3-4 s per step here.
       run gpt2 1 "$GPT2_RATE" "gpt2$SUFFIX/synchronous" "local (no comm),hvd,torch-ddp,$SYNC"
       run gpt2 1 "$GPT2_RATE" "gpt2$SUFFIX/overlap" "hvd,$OVERLAP"
       run gpt2 1 "$GPT2_RATE" "gpt2$SUFFIX/auto" \
         "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto?auto_trials=0" ;;
-    *) echo "bench_real: no jobs for model '$model' (resnet50, gpt2)" >&2; exit 2 ;;
+    *) echo "bench_real: no jobs for model '$model' (resnet50, vgg16, bert, gpt2)" >&2; exit 2 ;;
   esac
 done
 .venv/bin/python scripts/real_report.py "$OUT" \
-  --command "MODELS='$MODELS' RANKS=$RANKS RESNET50_RATE=$RESNET50_RATE GPT2_RATE=$GPT2_RATE ROUNDS=$ROUNDS scripts/bench_real.sh"
+  --command "MODELS='$MODELS' RANKS=$RANKS RESNET50_RATE=$RESNET50_RATE GPT2_RATE=$GPT2_RATE VGG16_RATE=$VGG16_RATE BERT_RATE=$BERT_RATE ROUNDS=$ROUNDS scripts/bench_real.sh"
 echo "bench_real: wrote $OUT/README.md" >&2

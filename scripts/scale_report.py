@@ -1,7 +1,11 @@
 """Writes benchmarks/scale/README.md from what scripts/bench_scale.sh left for each model: the
-2-rank measurement with its predictions (validation rows) and the simulator's sweep.
+2-rank measurement with its predictions (validation rows) and the simulator's sweep; or, with
+--measured-only, benchmarks/scale/device/README.md from scripts/device_scale.sh's jobs (4 and 8
+ranks: validation rows alone).
 
     python scripts/scale_report.py benchmarks/scale resnet50 gpt2 --command "..."
+    python scripts/scale_report.py benchmarks/scale/device resnet50-4ranks --measured-only \
+        --machine "16 cores; torch 2.11.0" --command "..."
 """
 
 from __future__ import annotations
@@ -72,12 +76,47 @@ def model_section(root: str, name: str) -> list[str]:
             f"![{name}]({name}/scaling.png)", ""]
 
 
+def measured_section(root: str, job: str) -> list[str]:
+    """One job of scripts/device_scale.sh: its command and its validation rows."""
+    measured = _load(os.path.join(root, job, "results.json"))
+    meta = measured["meta"]
+    return [f"## {job}", "",
+            f"{meta['world_size']} ranks, {meta['network']}; command `torchrun --standalone "
+            f"--nproc_per_node={meta['world_size']} -m "
+            f"{meta['command'].removeprefix('python -m ')}`.", "",
+            *validation_lines(measured), "",
+            f"Profiles for `python -m commsched simulate`: `{job}/profiles/`.", ""]
+
+
+def device_lines(root: str, jobs: list[str], command: str, machine: str) -> list[str]:
+    """benchmarks/scale/device/README.md: what 4 and 8 ranks measured beside what each
+    candidate's own profile predicted."""
+    lines = ["# Scale measured on more ranks: validation of the simulator", "",
+             f"Command: `{command}`.", "", f"Machine: {machine}.", "",
+             "Each job times the candidates side by side on CPU ranks (one thread each), "
+             "gradients at full size and inputs reduced (docs/examples.md); each commsched "
+             "candidate's own profile then predicts its measured iteration.", ""]
+    if not jobs:
+        return lines + ["No job finished: see the logs beside this file.", ""]
+    for job in jobs:
+        lines += measured_section(root, job)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("root")
-    parser.add_argument("models", nargs="+")
+    parser.add_argument("models", nargs="*")
     parser.add_argument("--command", required=True)
+    parser.add_argument("--measured-only", action="store_true",
+                        help="the arguments after root are device_scale.sh's jobs")
+    parser.add_argument("--machine", default="", help="for --measured-only: cores, torch, GPU")
     args = parser.parse_args()
+    if args.measured_only:
+        with open(os.path.join(args.root, "README.md"), "w", encoding="utf-8") as handle:
+            handle.write("\n".join(device_lines(args.root, args.models, args.command,
+                                                args.machine)))
+        return
     lines = ["# Scale by simulation, calibrated on measurement", "",
              f"Command: `{args.command}`.", "",
              "Each model was first measured here: 2 ranks on one 2-core machine's loopback, "

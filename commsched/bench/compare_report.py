@@ -23,10 +23,10 @@ def markdown_table(rows: list[dict]) -> str:
              + ("---:|---:|" if predicted else "") + ("---:|---:|" if wire else "")]
     for r in rows:
         line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
-                f"| {_ratio(r['vs_hvd'])} | {_ratio(r['vs_torch-ddp'])} "
-                f"| {_ratio(r.get('vs_bound'))} |")
+                f"| {ratio_cell(r['vs_hvd'])} | {ratio_cell(r['vs_torch-ddp'])} "
+                f"| {ratio_cell(r.get('vs_bound'))} |")
         if floor:
-            line += f" {_ratio(r.get('vs_floor'))} |"
+            line += f" {ratio_cell(r.get('vs_floor'))} |"
         if predicted:
             value, error = r.get("predicted_ms"), r.get("prediction_error")
             line += (f" {'-' if value is None else f'{value:.1f}'} "
@@ -41,7 +41,8 @@ def _megabytes(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:.3f}"
 
 
-def _ratio(value: float | None) -> str:
+def ratio_cell(value: float | None) -> str:
+    """A ratio as a report's table prints it: three decimals, or '-' where there is none."""
     return f"{value:.3f}" if value is not None else "-"
 
 

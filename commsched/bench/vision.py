@@ -14,6 +14,7 @@ wherever torchvision imports.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -23,9 +24,10 @@ _VGG16_FEATURES = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512
                    512, 512, 512, "M")
 
 
+@functools.cache
 def torchvision_model(name: str) -> Callable[..., nn.Module] | None:
     """torchvision's builder `name` (e.g. "resnet50"), or None where torchvision cannot be
-    imported beside this torch."""
+    imported beside this torch (asked once: a failing import is slow to repeat)."""
     try:
         from torchvision import models
     except (ImportError, RuntimeError):  # absent, or built for another torch
@@ -131,8 +133,7 @@ def resnet50(num_classes: int = 1000) -> nn.Module:
     Returns:
         The model, randomly initialised as torchvision initialises it.
     """
-    builder = torchvision_model("resnet50")
-    return builder(num_classes=num_classes) if builder else _ResNet50(num_classes)
+    return _build("resnet50", _ResNet50, num_classes)
 
 
 def vgg16(num_classes: int = 1000) -> nn.Module:
@@ -145,5 +146,9 @@ def vgg16(num_classes: int = 1000) -> nn.Module:
     Returns:
         The model, randomly initialised as torchvision initialises it.
     """
-    builder = torchvision_model("vgg16")
-    return builder(num_classes=num_classes) if builder else _VGG16(num_classes)
+    return _build("vgg16", _VGG16, num_classes)
+
+
+def _build(name: str, ours: Callable[[int], nn.Module], num_classes: int) -> nn.Module:
+    builder = torchvision_model(name)
+    return builder(num_classes=num_classes) if builder else ours(num_classes)

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Scale measured at 4 and 8 ranks (issue 55, item 4), the validation rows that this 2-core
+# machine cannot give, on a machine of 16 cores that has neither ip, tc nor Horovod (a lent GPU
+# machine: torch, no package registry). torchrun only.
+#
+#   scripts/device_scale.sh fetch   where apt works: download iproute2 and the libraries its
+#                                   ip and tc link into .iproute2/ (git-ignored; carry it)
+#   scripts/device_scale.sh         measure and write $OUT (default benchmarks/scale/device/)
+#
+# For each model in $MODELS (default "resnet50 gpt2") and each rank count in $RANKS (default
+# "4 8"), one torchrun job of commsched.bench.compare times `local (no comm)`, commsched's
+# `horovod`, `ddp` and `dear` side by side with --predict-dir: each candidate's own profile
+# predicts its measured iteration, and the profiles are kept for `python -m commsched simulate`.
+# The jobs run inside a network namespace whose loopback is shaped to $RATE (default 10gbit,
+# scripts/netem.sh) when ip and tc can make one; ip and tc come from PATH, else from the
+# packages in $IPROUTE2_DEBS (default .iproute2), unpacked into a temporary folder. Where the
+# kernel refuses (gVisor has no tc), the jobs run on the plain loopback and the report says so.
+# A job starts only while $BUDGET_S (default 450) seconds have not passed and runs under what is
+# left of them, so the script ends within about 8 minutes; a job cut short leaves no rows.
+#
+# Python: .venv/bin/python where scripts/setup.sh made one, else python3 (the GPU machines'
+# image), whose build of commsched._C goes in place, as in scripts/gpu_check.sh.
+# GPU profiles of the real models are not recorded yet: compare runs on CPU ranks.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DEBS="${IPROUTE2_DEBS:-.iproute2}"
+PACKAGES="iproute2 libbpf1 libelf1 libmnl0 libbsd0 libmd0 libcap2 libxtables12 zlib1g"
+
+if [ "${1:-}" = fetch ]; then
+  mkdir -p "$DEBS"
+  (cd "$DEBS" && apt-get download $PACKAGES)
+  grep -qx "/$DEBS/" .git/info/exclude 2>/dev/null || echo "/$DEBS/" >> .git/info/exclude
+  echo "device_scale: $(ls "$DEBS" | wc -l) packages in $DEBS; carry it" >&2
+  exit 0
+fi
+
+OUT="${OUT:-benchmarks/scale/device}"
+MODELS="${MODELS:-resnet50 gpt2}"
+RANKS="${RANKS:-4 8}"
+RATE="${RATE:-10gbit}"
+BUDGET_S="${BUDGET_S:-450}"
+WARMUP="${WARMUP:-6}" ROUND_COUNT="${ROUND_COUNT:-2}" STEPS="${STEPS:-3}"
+CANDIDATES="local (no comm),commsched:horovod,commsched:ddp,commsched:dear?fusion_threshold=4MiB"
+declare -A BATCH=([resnet50]=8 [vgg16]=8 [bert]=4 [gpt2]=1 [cnn]=32 [transformer]=16 [mlp]=64)
+START=$SECONDS
+export NETNS="${NETNS:-csscale}"  # not bench_*'s csnet: a benchmark may be running beside
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONWARNINGS="ignore::UserWarning,ignore::FutureWarning"
+
+if [ -x .venv/bin/python ]; then
+  PY=.venv/bin/python
+else
+  PY=python3
+  if ! "$PY" -c "import commsched._C" 2>/dev/null; then
+    echo "== device_scale: build commsched._C in place ($PY)" >&2
+    MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace >/dev/null
+  fi
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c "import commsched._C"
+
+# ip and tc: from PATH where they run, else unpacked from the packages. The libraries they link
+# are loaded through wrappers, so Python never sees the unpacked zlib. Sets TOOLS to what was
+# found, or to why nothing was.
+unpack_deb() {  # deb root
+  if command -v dpkg-deb >/dev/null 2>&1; then dpkg-deb -x "$1" "$2"; return; fi
+  local work; work="$(mktemp -d)"
+  (cd "$work" && ar x "$ROOT/$1" && tar -xf data.tar.* -C "$2")
+}
+iproute2() {
+  if [ -z "${IPROUTE2_UNPACK:-}" ] && ip -V >/dev/null 2>&1 && tc -V >/dev/null 2>&1; then
+    TOOLS="ip and tc from PATH"; return 0
+  fi
+  if ! compgen -G "$DEBS/*.deb" >/dev/null; then
+    TOOLS="no ip or tc, and no packages in $DEBS (scripts/device_scale.sh fetch)"; return 1
+  fi
+  local root deb tool bin libs
+  root="$(mktemp -d)"
+  for deb in "$DEBS"/*.deb; do unpack_deb "$deb" "$root"; done
+  mkdir -p "$root/wrap"
+  libs="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu"
+  for tool in ip tc; do
+    bin="$(ls "$root"/{bin,sbin,usr/bin,usr/sbin}/"$tool" 2>/dev/null | head -n 1)"
+    [ -n "$bin" ] || { TOOLS="$tool is not in the packages of $DEBS"; return 1; }
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libs" "$bin" > "$root/wrap/$tool"
+    chmod +x "$root/wrap/$tool"
+  done
+  export PATH="$root/wrap:$PATH"
+  if ! { ip -V && tc -V; } >/dev/null 2>&1; then
+    TOOLS="the ip or tc unpacked from $DEBS does not run"; return 1
+  fi
+  TOOLS="ip and tc unpacked from $DEBS"
+}
+
+LAUNCH=()
+TOOLS=""
+SHAPE_ERROR=""
+if iproute2 && SHAPE_ERROR="$(scripts/netem.sh up "$RATE" 2>&1)"; then
+  LAUNCH=(scripts/netem.sh run)
+  LINK="loopback of a network namespace shaped to $RATE ($TOOLS)"
+  trap 'scripts/netem.sh down' EXIT
+else
+  LINK="loopback, unshaped (no shaping: $(echo "${SHAPE_ERROR:-$TOOLS}" | tail -n 1))"
+fi
+echo "== device_scale: $LINK" >&2
+
+mkdir -p "$OUT"
+JOBS=()
+for model in $MODELS; do
+  for n in $RANKS; do
+    left=$((BUDGET_S - (SECONDS - START)))
+    if [ "$left" -le 30 ]; then
+      echo "== device_scale: $model on $n ranks skipped: ${BUDGET_S} s budget spent" >&2; continue
+    fi
+    dir="$OUT/$model-${n}ranks"
+    rm -rf "$dir"
+    echo "== device_scale: $model on $n ranks (at most $left s)" >&2
+    if timeout --kill-after=10 "$left" "${LAUNCH[@]}" "$PY" -m torch.distributed.run --standalone \
+        --nproc_per_node="$n" -m commsched.bench.compare --model "$model" \
+        --batch-size "${BATCH[$model]}" --candidates "$CANDIDATES" --warmup "$WARMUP" \
+        --rounds "$ROUND_COUNT" --steps "$STEPS" --predict-dir "$dir/profiles" \
+        --link-note "$LINK" --out "$dir" > "$OUT/$model-${n}ranks.log" 2>&1; then
+      JOBS+=("$model-${n}ranks")
+    else
+      echo "== device_scale: $model on $n ranks failed or ran out of time; see $OUT/$model-${n}ranks.log" >&2
+      tail -n 5 "$OUT/$model-${n}ranks.log" >&2
+    fi
+  done
+done
+"$PY" scripts/scale_report.py "$OUT" "${JOBS[@]}" --measured-only \
+  --command "MODELS='$MODELS' RANKS='$RANKS' RATE=$RATE BUDGET_S=$BUDGET_S scripts/device_scale.sh" \
+  --machine "$(nproc) cores; $("$PY" -c 'import torch; print("torch " + torch.__version__ + (", " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else ", no GPU"))')"
+echo "device_scale: wrote $OUT/README.md in $((SECONDS - START)) s" >&2

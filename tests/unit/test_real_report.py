@@ -1,0 +1,47 @@
+"""scripts/real_report.py (issue 55, item 2): the floor a real model's best policy is judged
+against comes from profiles that know when the next forward needs each tensor."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from types import ModuleType
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load_report() -> ModuleType:
+    """scripts/real_report.py, which is a script and not part of the package."""
+    spec = importlib.util.spec_from_file_location("real_report",
+                                                  ROOT / "scripts" / "real_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def job(floor_ms: float, module_info: bool, rows: list[tuple[str, float]]) -> dict[str, Any]:
+    hvd = dict(rows)["hvd"]
+    return {"bound": {"floor_ms": floor_ms, "floor_module_info": module_info},
+            "meta": {"command": "compare ...", "network": "loopback shaped to 4gbit"},
+            "rows": [{"name": name, "median_ms": ms, "vs_hvd": ms / hvd} for name, ms in rows]}
+
+
+def test_a_floor_without_first_users_gives_way_to_one_with_them() -> None:
+    report = load_report()
+    jobs = {"synchronous": job(2008.0, False, [("hvd", 3200.0), ("commsched:horovod", 3100.0)]),
+            "overlap": job(2439.0, True, [("hvd", 3480.0), ("commsched:bytescheduler", 2849.0)])}
+    assert report._floor(jobs) == (2439.0, True)
+    lines = "\n".join(report.model_lines("gpt2", jobs))
+    assert "Floor: 2439.0 ms (the lowest over the profiles that record each tensor's first " \
+           "user)." in lines
+    assert f"{2849.0 / 2439.0:.3f}x the floor" in lines
+
+
+def test_without_first_users_anywhere_the_lowest_floor_is_taken_and_said_so() -> None:
+    report = load_report()
+    jobs = {"a": job(2100.0, False, [("hvd", 3000.0), ("commsched:horovod", 2900.0)]),
+            "b": job(2008.0, False, [("hvd", 3000.0), ("commsched:mgwfbp", 3050.0)])}
+    assert report._floor(jobs) == (2008.0, False)
+    assert "none records first users" in "\n".join(report.model_lines("gpt2", jobs))
