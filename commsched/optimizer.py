@@ -59,7 +59,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # scaler's, and whether the user's optimizer unscales by itself (fused Adam).
         self._cs_synchronized_for_scaler = False
         self._cs_native_amp_scaling = native_amp_scaling
-        # Note [zero_grad after a deferred step]
+        # See Note [zero_grad after a deferred step] in zero_grad().
         self._cs_torch_zero_grad = session.base_cls.zero_grad is torch.optim.Optimizer.zero_grad
 
     @property
@@ -188,7 +188,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Backward passes inside the block accumulate their gradients locally in ``p.grad`` and
         send nothing; the next backward pass outside it adds its own and hands over the sum,
         which is averaged as usual at step() (Note [Accumulating without sending] in
-        csrc/gradient_intake.h). Run every micro-batch but the last inside the block, the last
+        csrc/gradient_intake.cpp). Run every micro-batch but the last inside the block, the last
         outside it, then step(). If the last backward pass ran inside the block (an epoch's
         end), step() still averages what accumulated, while zero_grad() drops it with a
         warning. Nested blocks count as one; in a world of one there is nothing to hold back.

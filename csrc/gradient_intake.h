@@ -45,8 +45,8 @@ class GradientIntake {
   void set_python_only(int64_t tensor_id, bool on);
   bool started() const { return started_; }
   void set_started(bool started) { started_ = started; }
-  // Note [Accumulating without sending]: while held, a gradient is left in ``p.grad`` to
-  // accumulate; nothing is counted, handed over or run in Python (DDP's no_sync()).
+  // While held, a gradient is left in ``p.grad`` to accumulate; nothing is counted, handed over
+  // or run in Python (DDP's no_sync(); Note [Accumulating without sending] in gradient_intake.cpp).
   bool held() const { return held_; }
   void set_held(bool held) { held_ = held; }
   // Every tensor expects `passes` more gradients, none handed over yet (set_passes).

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Emulates a bottleneck network for benchmarks: a network namespace whose loopback is shaped by
 # a token-bucket filter. Traffic stays on that namespace's own loopback. Needs root.
-# Note [The bucket's free burst]: the 512 KiB bucket lets a block sent after an idle gap leave at
-# memory speed for its first 512 KiB, so small blocks between compute gaps beat the link (256 KiB
-# all-reduces on 2 ranks at 150-190 MB/s against 125 MB/s at 1 Gbit/s; 4 MiB and up at 125), and
-# per-block service times understate bulk transfers. A smaller bucket needs a smaller MTU (tbf
-# drops any packet larger than its bucket; loopback's MTU is 64 KiB): with MTU 9000 and a 61 KiB
-# bucket every size ran at 121-125 MB/s, but the 7x packet rate cost CPU that the ranks share
-# on a 2-core machine, and Horovod on 3 ranks fell to 1851 ms per CNN iteration (725 ms with this
-# shaping). So the bucket stays; the simulator's validation and the floor calibrate against one
-# measured all-reduce of every gradient where it matters (bench/validate.py).
+# Note [The bucket's free burst]
+# The 512 KiB bucket lets a block sent after an idle gap leave at memory speed for its first
+# 512 KiB, so small blocks between compute gaps beat the link (256 KiB all-reduces on 2 ranks at
+# 150-190 MB/s against 125 MB/s at 1 Gbit/s; 4 MiB and up at 125), and per-block service times
+# understate bulk transfers. A smaller bucket needs a smaller MTU (tbf drops any packet larger than
+# its bucket; loopback's MTU is 64 KiB): with MTU 9000 and a 61 KiB bucket every size ran at
+# 121-125 MB/s, but the 7x packet rate cost CPU that the ranks share on a 2-core machine, and
+# Horovod on 3 ranks fell to 1851 ms per CNN iteration (725 ms with this shaping). So the bucket
+# stays; the simulator's validation and the floor calibrate against one measured all-reduce of every
+# gradient where it matters (bench/validate.py).
 #   scripts/netem.sh up [RATE]   create namespace $NETNS (default csnet), shape lo to RATE (1gbit)
 #   scripts/netem.sh run CMD...  run CMD inside the namespace
 #   scripts/netem.sh show        print the qdisc

@@ -259,8 +259,8 @@ Timings = tuple[list[list[float]], list[list[float]], list[float]]
 # of round orders. The steps per round are set once, on the first build. Here, on the CNN
 # beside horovod and dear, seven pairs of runs (`--models cnn --policies horovod,dear`,
 # `--instances 1 --rounds 24` against `--instances 4 --rounds 6`, on the code before the
-# rotation; benchmarks/overhead/builds_cpu/) put the control 0.72% from 1.000 on average (at
-# most 1.8%) with one build and 0.53% (at most 1.4%) with four: a small gain, not a settled one.
+# rotation) put the control closer to 1.000 with four builds than with one, on average and at
+# worst (measured in benchmarks/overhead/builds_cpu/README.md): a small gain, not a settled one.
 # The gain is larger where the figure is a minimum over candidates: past warm-up every policy
 # in a world of one runs the same code, so "the fastest policy" is the luckiest of its copies,
 # and with one build `auto` read 1.030x (CNN) and 1.033x (Transformer) that luckiest copy, with

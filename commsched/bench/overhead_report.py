@@ -117,8 +117,8 @@ def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock
 # policy" is the luckiest of six such copies: a minimum, biased low. The control, a second
 # plain optimizer, runs no commsched code at all; held to the same figure (its best over the
 # fastest policy's, resampled the same way) it reads what item 4's world-of-one clause reads
-# for a candidate that costs nothing. Here it read 1.018x (CNN) and 1.025x (Transformer) in
-# the run that read `auto` at 1.021x and 1.027x (benchmarks/overhead/cpu/): a reading of
+# for a candidate that costs nothing. Its reading beside `auto`'s in one run, on the CNN and
+# the Transformer (measured in benchmarks/overhead/cpu/README.md), shows that a reading of
 # `auto` near the control's does not tell `auto` from the plain optimizer.
 def control_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock: str,
                             builds: int = 1) -> str:
@@ -195,18 +195,18 @@ def targets(model: str, device: str, rows: list[dict[str, Any]], builds: int = 1
 
 # Note [A target within the noise]
 # Item 4's world-of-one target holds `auto` within 2% of the fastest policy. On a lent H100,
-# GPT-2 124M's steps (38-70 ms) are largely the host's Python, and its speed moves by more
-# than that: in four runs of 10-20 rounds (benchmarks/gpu/README.md) the control read
-# 0.953-1.030x the plain optimizer, the fastest policy was bytescheduler twice, then prophet (or
-# mgwfbp on the free-running clock), then dear, and the smallest of several best-of-rounds
-# figures is itself biased low by that noise. So the report prints the control's reading
-# beside the targets (noise() below): a figure closer to its limit than the control is
-# to 1.000 does not tell commsched from the machine, on whichever side of the limit it falls.
+# GPT-2 124M's steps are largely the host's Python, and its speed moves by more than that: in
+# four runs of 10-20 rounds the control's reading of the plain optimizer strayed from 1.000 by
+# more than 2% (measured in benchmarks/gpu/README.md), the fastest policy was bytescheduler twice,
+# then prophet (or mgwfbp on the free-running clock), then dear, and the smallest of several
+# best-of-rounds figures is itself biased low by that noise. So the report prints the control's
+# reading beside the targets (noise() below): a figure closer to its limit than the control is to
+# 1.000 does not tell commsched from the machine, on whichever side of the limit it falls.
 # The control's own interval over resampled rounds shows how far Note [The range of a best
-# round] can be trusted on that machine: there the control's reading was clear of 1.000 in
-# more than one run (1.002-1.045x in one), so two identical candidates can differ by more than
-# the noise between rounds, and a verdict's interval clear of its target by less than the
-# control's offset from 1.000 settles nothing either.
+# round] can be trusted on that machine: there the control's reading was clear of 1.000 in more than
+# one run (benchmarks/gpu/README.md), so two identical candidates can differ by more than the noise
+# between rounds, and a verdict's interval clear of its target by less than the control's offset
+# from 1.000 settles nothing either.
 def noise(model: str, rows: list[dict[str, Any]], clocks: list[tuple[str, str, str]],
           builds: int = 1) -> str:
     """What the control read against the plain optimizer on each clock, and the interval that

@@ -13,19 +13,19 @@ from ..sim import Ranked
 # bookkeeping (taking the gradients out at step(), a hook and an optimizer call per group) comes
 # on top of the update. Unshaped, 2 ranks, the built-in CNN: `auto` picked prophet for a predicted
 # 29.7 ms against horovod's 30.5 (2.7% ahead); prophet measured 38.7 ms and horovod 35.3. And
-# the simulator's own median error is about 4% (benchmarks/sim_validation). So an overlap plan
-# is installed only when it is predicted faster than the best synchronous plan by more than
-# OVERLAP_MARGIN; otherwise the synchronous plan, which also keeps Horovod's semantics (the
-# parameters are final when step() returns). Where overlap pays (a shaped link), its predicted
-# gain is 15-20% and far above the margin.
+# the simulator has an error of its own (its median is measured in
+# benchmarks/sim_validation/README.md). So an overlap plan is installed only when it is predicted
+# faster than the best synchronous plan by more than OVERLAP_MARGIN; otherwise the synchronous plan,
+# which also keeps Horovod's semantics (the parameters are final when step() returns). Where overlap
+# pays (a shaped link), its predicted gain is 15-20% and far above the margin.
 OVERLAP_MARGIN = 0.05
 
 # Note [Measuring the close calls]
-# The simulator's median error is about 4% and its worst over 12% (benchmarks/sim_validation),
-# while candidates of different policies are often predicted within a few percent of each other:
-# on the 3-rank CNN at 1 Gbit/s `auto` predicted dear 12% behind bytescheduler (its
-# reduce-scatter fit rests on four samples) and dear measured 5% faster. A close call is
-# settled by measuring, as cuDNN's benchmark mode and DeepSpeed's autotuner do: after the
+# The simulator errs by a few percent in the median and by more at worst (both measured in
+# benchmarks/sim_validation/README.md), while candidates of different policies are often predicted
+# within a few percent of each other: on the 3-rank CNN at 1 Gbit/s `auto` predicted dear 12% behind
+# bytescheduler (its reduce-scatter fit rests on four samples) and dear measured 5% faster. A close
+# call is settled by measuring, as cuDNN's benchmark mode and DeepSpeed's autotuner do: after the
 # choice's CHECK_STEPS, up to `auto_trials` runners-up of other policies predicted within
 # TRIAL_WINDOW of it are measured, and the plan with the lowest measured time stays.
 # * Interleaved, as the benchmarks' rounds are: TRIAL_ROUNDS rounds of TRIAL_STEPS steps of each
@@ -109,18 +109,17 @@ CROSS_FIT_TRIAL_WINDOW = 0.30
 # on top of the `auto_trials` runners-up: a measurement settles what the model leaves out.
 
 # Note [Knob settings the simulator cannot order]
-# A runner-up is its policy's best-ranked knob setting, but two settings of one policy are
-# often predicted closer than the simulator can tell apart (its median error is 1.8%,
-# benchmarks/sim_validation): 2 ranks, the Transformer at 1 Gbit/s, bytescheduler with 2 MiB
-# partitions was predicted 0.6-0.9% ahead of 1 MiB (from dear's and `auto`'s steady profiles in
-# the simulator-validation job), `auto` measured the 2 MiB plan (trial windows 325.9-357.5 ms)
-# and kept dear (341.5 ms), while the 1 MiB plan measured 330.2 ms and the 2 MiB one 351.2 as
-# the benchmark's candidates (benchmarks/overlap of 2026-11-26; `auto` 1.034x the fastest).
-# The two also run different credits, 2 and 4 MiB, which the simulator does not model (Note
-# [Credit follows the partition] in sim/rank.py). So one more plan is measured, on top of the
-# `auto_trials` runners-up: among the choice and the runners-up, the one whose policy's next
-# knob setting is predicted closest to it, when within TIE_WINDOW (one, not one per policy: the
-# trials already take 300-odd steps).
+# A runner-up is its policy's best-ranked knob setting, but two settings of one policy are often
+# predicted closer than the simulator can tell apart (its median error is measured in
+# benchmarks/sim_validation/README.md): 2 ranks, the Transformer at 1 Gbit/s, bytescheduler with
+# 2 MiB partitions was predicted 0.6-0.9% ahead of 1 MiB (from dear's and `auto`'s steady profiles
+# in the simulator-validation job), `auto` measured the 2 MiB plan (trial windows 325.9-357.5 ms)
+# and kept dear (341.5 ms), while the 1 MiB plan measured 330.2 ms and the 2 MiB one 351.2 as the
+# benchmark's candidates (benchmarks/overlap of 2026-11-26; `auto` 1.034x the fastest). The two also
+# run different credits, 2 and 4 MiB, which the simulator does not model (Note [Credit follows the
+# partition] in sim/rank.py). So one more plan is measured, on top of the `auto_trials` runners-up:
+# among the choice and the runners-up, the one whose policy's next knob setting is predicted closest
+# to it, when within TIE_WINDOW (one, not one per policy: the trials already take 300-odd steps).
 TIE_WINDOW = 0.02
 TRIAL_STEPS = 10
 SWITCH_MARGIN = 0.01

@@ -162,7 +162,7 @@ def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Opt
 class _WeakOptimizer:
     """The user's (wrapped) optimizer, held weakly: it holds its session, which holds this, and
     a strong reference back would keep a dropped optimizer, and its engine's threads, alive until
-    a garbage collection (see Note [a dropped optimizer releases its engine] in session.py)."""
+    a garbage collection (see Note [a dropped optimizer releases its engine] in release.py)."""
 
     __slots__ = ("ref",)
 

@@ -85,15 +85,15 @@ class GradientHooks:
         return slow_path
 
     def _densify(self, tensor_id: int, param: torch.Tensor) -> None:
-        """Note [sparse gradients without a route]: a sparse gradient of a parameter the plan
-        holds as dense (sparse_as_dense=True, or no model= to tell commsched before training
-        which parameters are sparse) is reduced dense, as Horovod's sparse_as_dense does, and
-        handed back sparse after the reduction (`_resparsify`), so that optimizers that take
-        only sparse gradients (SparseAdam) still work. Every rank reduces the same dense
-        block whatever it holds; rows no rank touched are left out of the sparse result.
-        A wrapper with an overlap runner (the overlap policies and `auto`, given model=) keeps
-        it dense: the runner applies deferred updates from the dense reduced gradients, and
-        one optimizer state (SGD's momentum buffer) must not see both kinds."""
+        """Note [sparse gradients without a route]
+        A sparse gradient of a parameter the plan holds as dense (sparse_as_dense=True, or no model=
+        to tell commsched before training which parameters are sparse) is reduced dense, as
+        Horovod's sparse_as_dense does, and handed back sparse after the reduction (`_resparsify`),
+        so that optimizers that take only sparse gradients (SparseAdam) still work. Every rank
+        reduces the same dense block whatever it holds; rows no rank touched are left out of the
+        sparse result. A wrapper with an overlap runner (the overlap policies and `auto`, given
+        model=) keeps it dense: the runner applies deferred updates from the dense reduced
+        gradients, and one optimizer state (SGD's momentum buffer) must not see both kinds."""
         assert param.grad is not None
         param.grad = param.grad.to_dense()
         if self.runner is None:

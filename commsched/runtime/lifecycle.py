@@ -241,7 +241,7 @@ class PlanLifecycle:
         if profiling:
             self._profiled_collectives = document["collectives"]
         elif refine and self._profiled_collectives is not None:
-            # Note [Planning from the steady state]
+            # See Note [Planning from the steady state].
             document = {**document, "collectives": self._profiled_collectives}
             net = planner_model(FittedNetwork.from_document(document), cfg)
         plan = self._policy_plan(profile, net)

@@ -5,8 +5,8 @@ Note [A world of one steps as the plain optimizer]
 With no peer there is nothing to reduce, and Horovod's optimizer registers no gradient hook at
 size 1: it costs what the plain optimizer costs. Ours hands every gradient to the engine and
 waits for it at step(), which is what lets a world of one be profiled (a profile to simulate
-larger worlds from, `auto`'s choice) but costs a hook per gradient and a wait per step: on
-GPT-2's 148 tensors 0.1-0.3 ms per step on a core here (benchmarks/overhead/gpt2_layout_cpu/).
+larger worlds from, `auto`'s choice) but costs a hook per gradient and a wait per step
+(measured on GPT-2's 148 tensors on a core here in benchmarks/overhead/gpt2_layout_cpu/README.md).
 Once nothing is left to learn, that cost buys nothing. So when the plan has settled and its
 closely sampled iterations are over (the profile then describes it: Note [Sampling the profile]
 in sampling.py), a session with no peer removes its gradient hooks (and torch's hook object

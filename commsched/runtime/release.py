@@ -1,12 +1,12 @@
 """Releasing a dropped wrapper's engine, groups and hooks.
 
-Note [a dropped optimizer releases its engine]: nothing the engine, the hooks or the groups hold
-refers back to the optimizer or its session (the hooks and the engine's iteration read them
-through weak references), so a dropped wrapper is collected, and a `weakref.finalize` on it then
-stops the engine's threads and destroys its groups; `Session.close()` runs it at once. Only the
-thread that wrapped releases: one elsewhere (a garbage collection in a heartbeat thread) leaves
-it to the next wrap or commsched.shutdown(), since destroying a group from a foreign thread can
-block on the training thread's collectives.
+Note [a dropped optimizer releases its engine]
+Nothing the engine, the hooks or the groups hold refers back to the optimizer or its session
+(the hooks and the engine's iteration read them through weak references), so a dropped wrapper
+is collected, and a `weakref.finalize` on it then stops the engine's threads and destroys its
+groups; `Session.close()` runs it at once. Only the thread that wrapped releases: one elsewhere
+(a garbage collection in a heartbeat thread) leaves it to the next wrap or commsched.shutdown(),
+since destroying a group from a foreign thread can block on the training thread's collectives.
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ class Session(ElasticBinding, CompressedIntake, GradientHooks, Passthrough):
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside leave their gradients in ``p.grad`` to accumulate and send
         nothing; the first backward outside hands over the sum (Note [Accumulating without
-        sending], csrc/gradient_intake.h). Nested blocks are one block."""
+        sending], csrc/gradient_intake.cpp). Nested blocks are one block."""
         intake = self.intake
         if intake is None or intake.held or self.passthrough:
             yield

@@ -17,8 +17,8 @@ Sizes differ across ranks, so the row counts are all-gathered first and every ra
 largest; every wait is bounded by the group's timeout.
 
 Without ``model=`` nothing tells commsched before training which parameters are sparse: their
-gradients are then reduced dense and handed back sparse (runtime.session, Note [sparse gradients
-without a route]), as Horovod's ``sparse_as_dense=True`` does.
+gradients are then reduced dense and handed back sparse (Note [sparse gradients without a route]
+in runtime/gradient_hooks.py), as Horovod's ``sparse_as_dense=True`` does.
 """
 
 from __future__ import annotations

@@ -95,8 +95,9 @@ def _initialise_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
         zeros = torch.zeros_like(p)
         sparse = isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse_ids
         p.grad = zeros.to_sparse() if sparse else zeros
-    # Note [local step]: a commsched wrapper's step() reduces gradients, which every rank would
-    # have to call; `_cs_local_step` is its user optimizer's own step.
+    # Note [local step]
+    # A commsched wrapper's step() reduces gradients, which every rank would have to call;
+    # `_cs_local_step` is its user optimizer's own step.
     local_step = getattr(optimizer, "_cs_local_step", optimizer.step)
     with torch.no_grad():
         local_step()

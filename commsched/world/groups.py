@@ -8,10 +8,11 @@ rendezvous under different names and hang. Here the name is the members and a co
 made for those members on this rank, equal on every member as long as they wrap in the same
 order, which every commsched group already requires.
 
-Note [private c10d helper]: there is no public call that makes a member-only group under a name
-of the caller's choosing, so this uses ``distributed_c10d._new_process_group_helper`` (what
-``new_group`` itself calls) and registers the rank mapping as ``new_group`` does. A torch
-without it fails here with a clear error, at wrap time.
+Note [private c10d helper]
+There is no public call that makes a member-only group under a name of the caller's choosing,
+so this uses ``distributed_c10d._new_process_group_helper`` (what ``new_group`` itself calls)
+and registers the rank mapping as ``new_group`` does. A torch without it fails here with a
+clear error, at wrap time.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ def track(group: Any) -> Any:
 
 
 def _keep_alive_at_exit() -> None:
-    """Note [groups at exit]: a Gloo group's destructor joins its worker threads, and one may
-    sit in a collective waiting for a peer that never comes (a stuck rank: the very failure the
-    job is exiting with) until the group's timeout, minutes. At interpreter exit the groups of
-    optimizers still alive would be destroyed as the interpreter clears its objects; the process
-    is ending and the OS reclaims everything, so each gets one reference that is never dropped.
-    (A dropped optimizer's group is destroyed as soon as it goes, by its session's release.)"""
+    """Note [groups at exit]
+    A Gloo group's destructor joins its worker threads, and one may sit in a collective waiting for
+    a peer that never comes (a stuck rank: the very failure the job is exiting with) until the
+    group's timeout, minutes. At interpreter exit the groups of optimizers still alive would be
+    destroyed as the interpreter clears its objects; the process is ending and the OS reclaims
+    everything, so each gets one reference that is never dropped. (A dropped optimizer's group is
+    destroyed as soon as it goes, by its session's release.)"""
     for group in list(_alive):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 

@@ -181,12 +181,12 @@ class Liveness:
             [f"commsched stall: a rank has waited {waited:.0f} s (COMMSCHED_STALL_WARNING="
              f"{self.stall_warning:g}); the ranks holding it up:"]
             + [f"  {c.line}" for c in diagnosis.culprits])
-        # Note [One stall warning on the screen]: this thread has no caller to point at, so the
-        # warning names commsched rather than this line's source (warn() would print it). The
-        # log gets its copy only where logging is set up, since otherwise Python's last-resort
-        # handler prints the same text to stderr a second time; where logging is set up, the
-        # log's copy is the program's choice (it may print beside the warning), unless logging
-        # captures warnings, which already puts this one in the log.
+        # Note [One stall warning on the screen]
+        # This thread has no caller to point at, so the warning names commsched rather than this
+        # line's source (warn() would print it). The log gets its copy only where logging is set up,
+        # since otherwise Python's last-resort handler prints the same text to stderr a second time;
+        # where logging is set up, the log's copy is the program's choice (it may print beside the
+        # warning), unless logging captures warnings, which already puts this one in the log.
         warnings.warn_explicit(message, StallWarning, "commsched", 0)
         captured = getattr(warnings.showwarning, "__module__", "") == "logging"
         if log.hasHandlers() and not captured:

@@ -84,7 +84,8 @@ def test_with_world_compute_replaces_ready_times_and_compute_before_them() -> No
 
 def test_the_profiler_keeps_each_sampled_iterations_compute_before_its_gradients() -> None:
     prof = Profiler(num_tensors=2)
-    prof.restart_window(steady=True)  # every iteration describes the plan (Note [Sampling ...])
+    # Every iteration describes the plan (Note [Sampling the profile]).
+    prof.restart_window(steady=True)
     prof.record([100, 300], [])  # no compute before it measured yet (the first iteration)
     prof.note("before_first_ready_s", 0.05)
     prof.record([1000, 1500], [])
