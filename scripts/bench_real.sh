@@ -7,7 +7,7 @@
 # A model over 100 M parameters holds a copy of itself, its gradients and SGD's momentum per
 # candidate and rank (docs/examples.md), so its candidates run in groups of at most five,
 # each group one job with `hvd` in it: every ratio is read against the `hvd` of its own job.
-# MODELS (default "resnet50 gpt2") and RANKS (default 2; another count writes
+# MODELS (default "resnet50 gpt2"; also vgg16, bert) and RANKS (default 2; another count writes
 # <model>-<N>ranks/) choose the jobs.
 # Writes benchmarks/real/<model>/<group>/results.{json,md,png} and benchmarks/real/README.md.
 set -euo pipefail
