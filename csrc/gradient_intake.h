@@ -7,7 +7,7 @@
 // of the iteration, where an empty hook costs 0.6 us; GPT-2 has 148 parameters. So the common
 // case runs here: a dense, contiguous gradient of a tensor the plan carries is counted
 // (backward_passes_per_step) and handed to the engine. Python runs once per iteration before its
-// first gradient (the session's once-per-iteration work, Session._first_gradient; an elastic job
+// first gradient (the session's once-per-iteration work, Session.first_gradient; an elastic job
 // binds its engine there), and for what the common case does not cover, in the slow path, which
 // does what the Python hook did: sparse and non-contiguous gradients, the tensors a lossy
 // compressor takes (`set_python_only`), a pass too many (Horovod's AssertionError) and a missing

@@ -6,8 +6,8 @@ update groups trade (UpdateTimer)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -66,6 +66,26 @@ class StepClock:
     def step_ended(self) -> None:
         self.step_end_us = _C.now_us()
         self._waited_at_step_end = self._native.waited_us / 1e6
+
+    def time_update(self, step: Callable[[], Any],
+                    in_two_calls: Callable[[], list[tuple[int, float | EventSpan]]] | None,
+                    ) -> Any:
+        """The user's optimizer step under a synchronous plan, timed for the profiler and the
+        timeline. `in_two_calls`, while an overlap plan may follow (profiling steps with a
+        runner), makes the same update in two calls of different sizes instead, so that the
+        profile can tell an optimizer call's fixed cost from its cost per byte (the planner's
+        update groups trade the two); it returns (bytes, seconds) per call."""
+        engine = self._engine
+        started = _C.now_us()
+        samples = in_two_calls() if in_two_calls is not None else []
+        result = None if samples else step()
+        self.step_ended()
+        engine.span("update", started)
+        if engine.sampling or samples:
+            engine.profiler.note("step_s", (self.step_end_us - started) / 1e6)
+        for nbytes, seconds in samples:
+            engine.profiler.note_update(nbytes, seconds)
+        return result
 
     def pause(self) -> None:
         """Note [A pause is not compute]."""

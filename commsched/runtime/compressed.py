@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,6 +56,9 @@ from ..sim import RunProfile
 from ..sim.compressed import CompressedRun, attach_wire
 from .engine import EngineHandle
 from .momentum import MomentumCorrection, correction_for
+
+if TYPE_CHECKING:
+    from .lifecycle import PlanLifecycle
 
 STATE_VERSION = 1
 
@@ -193,6 +196,27 @@ class CompressedGradients:
 
     def begin(self, engine: EngineHandle) -> None:
         self._engine = engine
+
+    # -- when compression starts --------------------------------------------------------------
+
+    def switch_on_at(self, iteration: int, lifecycle: PlanLifecycle) -> None:
+        """Compression starts at its start_step: from then on the plans carry its wire tensors
+        (commsched.plan.compressed); the plan in place is rebuilt when it starts mid-run. (The
+        C++ gradient intake leaves a compressed tensor's gradient to Python, whose slow path
+        hands it over here: runtime/gradient_hooks.py.)"""
+        if self.on or iteration < self.lossy.start_step:
+            return
+        self.on = True
+        lifecycle.compressor = self
+        if iteration > 0:
+            lifecycle.reinstall(iteration)
+
+    def restored_at(self, iteration: int, lifecycle: PlanLifecycle) -> None:
+        """After load_state_dict(): compressing or not as the saved run was at this iteration
+        (the restored plan already carries the wire tensors if it was)."""
+        if iteration >= self.lossy.start_step:
+            self.on = True
+            lifecycle.compressor = self
 
     def hand_over(self, index: int, grad: torch.Tensor) -> None:
         """The gradient of compressed tensor `index` (position in `ids`), on its last pass.

@@ -31,12 +31,12 @@ where that changes nothing the user can see:
 Whatever changes the plan or the passes hooks the gradients again first
 (set_backward_passes_per_step, load_state_dict), and puts an overlap plan's runner back to
 work: the engine then finds the next iteration as any other, and step() hands over what no
-hook did (Session._launch_rest).
+hook did (GradientHooks.launch_rest).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,95 +46,63 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..world import World
     from .compressed import CompressedGradients
+    from .gradient_hooks import GradientHooks
     from .lifecycle import PlanLifecycle
     from .overlap import OverlapRunner
 
 
-class Passthrough:
-    """Mixed into Session, which provides the world, the hooks and what decides whether the
-    plan has settled."""
+class PassThrough:
+    """Held by a Session: whether its step() is the plain optimizer's now, and whether that may
+    still come. The session hands in what it holds at each call (the world, the runner and the
+    lifecycle change when an elastic job re-binds)."""
 
-    world: World
-    config: Config
-    elastic: bool
-    params: list[torch.Tensor]
-    intake: _C.GradientIntake | None
-    compressed: CompressedGradients | None
-    runner: OverlapRunner | None
-    lifecycle: PlanLifecycle
-    passes: int
-    iteration: int
-    _routed: list[tuple[str, torch.Tensor]]
-    _hooks: list[Any]
-    _hooked: int
+    def __init__(self) -> None:
+        # Whether step() is the plain optimizer's now.
+        self.active = False
+        # Whether that may still come: false once some iteration lacked a gradient, and from
+        # the start where the world or the options rule it out (set at each bind).
+        self.possible = False
+        # Whether passing through stood an overlap plan's runner down (resume puts it back).
+        self.runner_resting = False
 
-    # Whether step() is the plain optimizer's now, and whether that may still come: false once
-    # some iteration lacked a gradient, and from the start where the world or the options rule
-    # it out (Note [A world of one steps as the plain optimizer]).
-    passthrough = False
-    _may_pass = False
-    # Whether passing through stood an overlap plan's runner down (hook_gradients puts it back).
-    _runner_resting = False
-
-    def _gradient_hooks(self) -> list[Any]:
-        """The dense parameters' hooks, which hand each gradient to the intake."""
-        assert self.intake is not None
-        return [p.register_post_accumulate_grad_hook(self.intake.hook(tid))
-                for tid, p in enumerate(self.params) if p.numel() > 0]
-
-    def _passthrough_possible(self) -> bool:
+    def decide_at_bind(self, world: World, elastic: bool, routed: bool,
+                       compressed: CompressedGradients | None, config: Config) -> None:
         """At bind: whether this session could ever step as the plain optimizer."""
-        return (self.world.size == 1 and not self.elastic and not self._routed
-                and self.compressed is None and not self.config.timeline)
+        self.possible = (world.size == 1 and not elastic and not routed
+                         and compressed is None and not config.timeline)
 
-    def _maybe_pass_through(self) -> None:
+    def maybe_start(self, passes: int, lifecycle: PlanLifecycle, runner: OverlapRunner | None,
+                    hooks: GradientHooks, params: list[torch.Tensor]) -> None:
         """At the end of an iteration's step(): removes the gradient hooks, and stands an
         overlap plan's runner down, where nothing is left to learn (Note [A world of one steps
         as the plain optimizer])."""
-        runner = self.runner  # called from step(), never while passing through
-        if self.passes != 1 or not self.lifecycle.sampling.sparse or self.lifecycle.unsettled \
-                or (runner is not None and runner.recording):
+        if not self.possible or passes != 1 or not lifecycle.sampling.sparse \
+                or lifecycle.unsettled or (runner is not None and runner.recording):
             return
         if runner is not None and runner.active:
             runner.finish()  # the updates it holds, made now rather than in the next forward
             runner.deactivate()
-            self._runner_resting = True
-        for handle in self._hooks[:self._hooked]:
-            handle.remove()
-        # Note [An empty hook dict still costs a call] (csrc/gradient_intake.cpp): where no
-        # other hook is left (the user's own stay), torch's hook object goes too.
-        emptied = [p for p in self.params if p._post_accumulate_grad_hooks is not None
-                   and not p._post_accumulate_grad_hooks]
-        for param in emptied:
-            param._post_accumulate_grad_hooks = None  # type: ignore[assignment]
-        _C.drop_post_accumulate_grad_hooks(emptied)
-        self.passthrough = True
+            self.runner_resting = True
+        hooks.remove_dense(params)
+        self.active = True
 
-    def _lacked_gradient(self) -> None:
+    def lacked_gradient(self) -> None:
         """Some gradient was missing at step(): this session steps through the engine for good."""
-        self._may_pass = False
+        self.possible = False
 
-    def hook_gradients(self) -> None:
+    def resume(self, hooks: GradientHooks, intake: _C.GradientIntake, params: list[torch.Tensor],
+               runner: OverlapRunner | None, lifecycle: PlanLifecycle) -> None:
         """Leaves the plain optimizer's step: the gradients go to the engine again from the next
         one handed over (a gradient already in ``p.grad`` goes at step())."""
-        if self.passthrough:
-            self._hooks[:self._hooked] = self._gradient_hooks()
-            self.passthrough = False
-        if self._runner_resting:
-            assert self.runner is not None
-            self.runner.activate(self.lifecycle.plan)
-            self._runner_resting = False
+        if self.active:
+            hooks.restore_dense(intake, params)
+            self.active = False
+        if self.runner_resting:
+            assert runner is not None
+            runner.activate(lifecycle.plan)
+            self.runner_resting = False
 
-    @property
-    def overlap_plan_runs(self) -> bool:
+    def overlap_plan_runs(self, runner: OverlapRunner | None) -> bool:
         """Whether the plan in place defers updates to the next forward pass, resting or not
         (what a checkpoint saves: the run it restores hooks its gradients again)."""
-        runner = self.runner
-        return runner is not None and (runner.active or self._runner_resting)
-
-    def never_pass_through(self) -> None:
-        """Keeps this session stepping through the engine and, under an overlap plan, its
-        runner in a world of one: commsched.bench.overhead measures the runtime's own cost
-        this way, as a world with peers pays it."""
-        self.hook_gradients()
-        self._may_pass = False
+        return runner is not None and (runner.active or self.runner_resting)

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 from ..compression import Compressor, LossyCompression
+from ..config import Config
 from ..ops import ReduceOp
 from ..plan import TensorSpec, dtype_name
+from ..world import World, check_identical, parameter_signature
 
 TOO_MANY_BACKWARDS = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -54,3 +56,21 @@ def dense_layout(param: torch.Tensor) -> torch.Tensor:
     if not grad.is_contiguous():
         param.grad = grad = grad.contiguous()
     return grad
+
+
+def check_ranks_agree(world: World, config: Config, options: WrapOptions,
+                      specs: list[TensorSpec], params: list[torch.Tensor],
+                      routed: list[tuple[str, torch.Tensor]]) -> None:
+    """Every rank wrapped the same parameters with the same settings (MismatchError naming the
+    first difference otherwise)."""
+    check_identical(world, "wrapped parameters (name, shape, dtype)",
+                    parameter_signature(specs, [tuple(p.shape) for p in params]))
+    settings = {**config.as_dict(), "timeline": None,
+                "compression": options.compression.__name__, "op": options.op.name,
+                "lossy": None if options.lossy is None else repr(options.lossy),
+                "backward_passes_per_step": options.backward_passes_per_step,
+                "gradient_predivide_factor": options.predivide,
+                "groups": [s.group for s in specs],
+                "sparse": [[n, list(p.shape), str(p.dtype)] for n, p in routed],
+                "process_set": world.members}
+    check_identical(world, "DistributedOptimizer settings", sorted(settings.items()))

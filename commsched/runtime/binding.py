@@ -1,0 +1,124 @@
+"""What a session makes for the world it runs in: the world, the engine and its plan lifecycle,
+the sparse route, the compressor and the overlap runner. Made at wrap time, or in an elastic
+Horovod job at the first step and again whenever that world was re-formed (Note [Elastic
+Horovod] in world/bootstrap.py)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from ..config import Config, Policy
+from ..ops import ReduceOp
+from ..outputs import prepare_file
+from ..plan import TensorSpec
+from ..world import World, bootstrap
+from ..world.process_sets import world_for
+from .clock import StepClock
+from .compressed import CompressedGradients
+from .deferred import DeferredUpdates
+from .engine import EngineHandle
+from .lifecycle import PlanLifecycle, Scaling
+from .overlap import OverlapRunner
+from .overlap_support import check_overlap_allowed, overlap_possible
+from .release import Resources
+from .sparse import SparseExchange
+from .timeline import timeline_path
+from .wrap import WrapOptions, check_ranks_agree
+
+
+class WorldBinding:
+    """Held by a Session. `bind()` makes its parts and `start()` starts them; `stale` says when
+    an elastic job needs them made again. Nothing here refers to the session (the engine reads
+    its iteration through a weak reference)."""
+
+    # Made by `bind` (read only while `bound`).
+    world: World
+    sparse: SparseExchange
+    engine: EngineHandle
+    clock: StepClock
+    lifecycle: PlanLifecycle
+
+    def __init__(self, config: Config, options: WrapOptions, elastic: bool,
+                 specs: list[TensorSpec], params: list[torch.Tensor],
+                 routed: list[tuple[str, torch.Tensor]], deferred: DeferredUpdates,
+                 base_cls: type[torch.optim.Optimizer], resources: Resources) -> None:
+        self.config, self.options, self.elastic = config, options, elastic
+        self.specs, self.params, self.routed = specs, params, routed
+        self.deferred, self.base_cls, self.resources = deferred, base_cls, resources
+        self.bound = False  # whether world, engine and plan exist
+        self.runner: OverlapRunner | None = None
+        self.compressed: CompressedGradients | None = None
+        self.lossy_scale = 1.0  # the engine's pre- x post-scale
+
+    def bind(self, iteration: Callable[[], int], passes: int) -> None:
+        """Everything that needs the world: the checks across ranks, the engine and its
+        compressor and runner. All ranks call it together (at wrap time, or at the same step of
+        an elastic job). `iteration` reads the session's counter, which the engine stamps."""
+        config, options = self.config, self.options
+        self.world = world = world_for(bootstrap.current(config.timeout, config.stall_warning),
+                                       options.process_set)
+        # Output files are checked before any group or engine exists (nothing to undo).
+        if config.profile and world.rank == 0:  # rank 0 writes it at the re-plan
+            prepare_file(config.profile, "COMMSCHED_PROFILE")
+        if config.timeline:
+            prepare_file(timeline_path(config.timeline, world.rank), "COMMSCHED_TIMELINE")
+        self.compressed = None if options.lossy is None else CompressedGradients(
+            options.lossy, self.specs, self.params, world.size, world.rank)
+        wire = [] if self.compressed is None else self.compressed.wire_specs
+        check_ranks_agree(world, config, options, self.specs, self.params, self.routed)
+        self.sparse = SparseExchange(world, self.routed, options.op, passes)
+        self.engine = EngineHandle(world, self.specs + wire, config.timeout, config.timeline,
+                                   iteration=iteration)
+        self.runner = self._make_runner()
+        self.resources.engine, self.resources.sparse = self.engine, self.sparse
+        self.resources.runner = self.runner
+        self.clock = StepClock(self.engine)
+        postscale = options.predivide / world.size if options.op is ReduceOp.AVERAGE else 1.0
+        self.lossy_scale = postscale / options.predivide
+        if self.runner is not None:
+            self.runner.compressed = self.compressed
+            self.runner.decompress_scale = self.lossy_scale
+        self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.runner,
+                                       Scaling(options.compression, 1.0 / options.predivide,
+                                               postscale))
+
+    def start(self, iteration: int) -> None:
+        """After bind(), with the iteration the world agreed on: the compressor and the plan
+        start there, and the parts are bound."""
+        if self.compressed is not None:
+            self.compressed.begin(self.engine)
+            self.compressed.switch_on_at(iteration, self.lifecycle)
+        self.lifecycle.start(iteration)
+        self.bound = True
+
+    def _make_runner(self) -> OverlapRunner | None:
+        policy, model = self.config.policy, self.options.model
+        if policy.overlaps_iterations:
+            check_overlap_allowed(policy.value, model, self.base_cls)
+        elif self.elastic or not (policy is Policy.AUTO and overlap_possible(model, self.base_cls)):
+            return None  # an elastic job runs synchronous plans only (elastic.py)
+        return OverlapRunner(self.deferred, model, self.params, self.engine)
+
+    @property
+    def stale(self) -> bool:
+        """Whether the session must (re)bind before its next collective: never bound, or its
+        world is broken or was re-formed (an elastic job only)."""
+        return self.elastic and (not self.bound or bootstrap.stale()
+                                 or self.world is not bootstrap.world())
+
+    def unbind(self) -> None:
+        """Stops the engine of a world that failed or changed (no wait: its collectives may
+        have failed)."""
+        if self.bound:
+            self.engine.shutdown()
+        self.bound = False
+
+
+def iteration_reader(session: object) -> Callable[[], int]:
+    """The session's iteration counter, read through a weak reference: the engine must not keep
+    the session (and the optimizer) alive."""
+    this = weakref.ref(session)
+    return lambda: getattr(this(), "iteration", 0)
