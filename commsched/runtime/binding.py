@@ -72,9 +72,9 @@ class WorldBinding:
         self.sparse = SparseExchange(world, self.routed, options.op, passes)
         self.engine = EngineHandle(world, self.specs + wire, config.timeout, config.timeline,
                                    iteration=iteration)
-        self.runner = self._make_runner()
+        # Released with the session from here on, also if the runner is refused just below.
         self.resources.engine, self.resources.sparse = self.engine, self.sparse
-        self.resources.runner = self.runner
+        self.runner = self.resources.runner = self._make_runner()
         self.clock = StepClock(self.engine)
         postscale = options.predivide / world.size if options.op is ReduceOp.AVERAGE else 1.0
         self.lossy_scale = postscale / options.predivide
