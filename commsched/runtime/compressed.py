@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,8 +57,13 @@ from ..sim.compressed import CompressedRun, attach_wire
 from .engine import EngineHandle
 from .momentum import MomentumCorrection, correction_for
 
-if TYPE_CHECKING:
-    from .lifecycle import PlanLifecycle
+
+class _Plans(Protocol):
+    """What the compressor needs of the plan lifecycle (lifecycle.py imports this module)."""
+
+    compressor: CompressedGradients | None
+
+    def reinstall(self, iteration: int) -> None: ...
 
 STATE_VERSION = 1
 
@@ -199,7 +204,7 @@ class CompressedGradients:
 
     # -- when compression starts --------------------------------------------------------------
 
-    def switch_on_at(self, iteration: int, lifecycle: PlanLifecycle) -> None:
+    def switch_on_at(self, iteration: int, lifecycle: _Plans) -> None:
         """Compression starts at its start_step: from then on the plans carry its wire tensors
         (commsched.plan.compressed); the plan in place is rebuilt when it starts mid-run. (The
         C++ gradient intake leaves a compressed tensor's gradient to Python, whose slow path
@@ -211,7 +216,7 @@ class CompressedGradients:
         if iteration > 0:
             lifecycle.reinstall(iteration)
 
-    def restored_at(self, iteration: int, lifecycle: PlanLifecycle) -> None:
+    def restored_at(self, iteration: int, lifecycle: _Plans) -> None:
         """After load_state_dict(): compressing or not as the saved run was at this iteration
         (the restored plan already carries the wire tensors if it was)."""
         if iteration >= self.lossy.start_step:
