@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -17,14 +17,35 @@ from .wrap import TOO_MANY_BACKWARDS, dense_layout
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
     from .engine import EngineHandle
-    from .session import Session
+    from .overlap import OverlapRunner
+    from .sparse import SparseExchange
+
+
+class _Session(Protocol):
+    """What the hooks read of the session that holds them (runtime/session.py, which imports
+    this module)."""
+
+    intake: _C.GradientIntake | None
+    params: list[torch.Tensor]
+
+    @property
+    def engine(self) -> EngineHandle: ...
+    @property
+    def compressed(self) -> CompressedGradients | None: ...
+    @property
+    def runner(self) -> OverlapRunner | None: ...
+    @property
+    def sparse(self) -> SparseExchange: ...
+    @property
+    def gradients_started(self) -> bool: ...
+    def first_gradient(self) -> None: ...
 
 
 class GradientHooks:
     """Held by a Session. Nothing here refers to the session but through a weak reference
     (Note [a dropped optimizer releases its engine] in release.py)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: _Session) -> None:
         self._session = weakref.ref(session)
         # Every hook handle, the dense parameters' first: the list the session's Resources
         # removes at release, so it is changed in place, never replaced.
