@@ -1,0 +1,61 @@
+"""Summarises a commsched timeline (COMMSCHED_TIMELINE, one rank's Chrome trace): per iteration
+its length, the time the training thread waited on the engine and the collectives' bytes; then
+each collective's median duration by message size, over the iterations after `--skip`.
+
+    python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 > summary.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+from typing import Any
+
+COLLECTIVES = ("reduce_scatter", "all_gather", "allreduce")
+
+
+def _events(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        trace = json.load(handle)
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def summary_lines(events: list[dict[str, Any]], skip: int) -> list[str]:
+    """The two markdown tables (iterations, then collectives by size)."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    marks = sorted(e["ts"] for e in events
+                   if e.get("ph") == "i" and str(e.get("name", "")).startswith("iteration"))
+    lines = ["| iteration | ms | waited on the engine, ms | collective MB |",
+             "|---:|---:|---:|---:|"]
+    for index, (start, end) in enumerate(zip(marks, marks[1:], strict=False), start=2):
+        inside = [e for e in spans if start <= e["ts"] < end]
+        waited = sum(e["dur"] for e in inside if e["name"] == "wait") / 1e3
+        moved = sum(e["args"]["bytes"] for e in inside if e["name"] in COLLECTIVES) / 1e6
+        lines.append(f"| {index} | {(end - start) / 1e3:.0f} | {waited:.0f} | {moved:.0f} |")
+    since = marks[skip] if len(marks) > skip else 0
+    lines += ["", f"From iteration {skip + 1} on: each collective's span (launch to completion, "
+              "queueing behind earlier ones included) by message size.", "",
+              "| collective | MB | count | median ms |", "|---|---:|---:|---:|"]
+    for kind in COLLECTIVES:
+        by_size: dict[int, list[float]] = collections.defaultdict(list)
+        for e in spans:
+            if e["name"] == kind and e["ts"] >= since:
+                by_size[e["args"]["bytes"]].append(e["dur"] / 1e3)
+        for size in sorted(by_size):
+            lines.append(f"| {kind} | {size / 1e6:.3f} | {len(by_size[size])} | "
+                         f"{statistics.median(by_size[size]):.1f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("timeline")
+    parser.add_argument("--skip", type=int, default=8, help="iterations left out of the sizes")
+    args = parser.parse_args()
+    print("\n".join(summary_lines(_events(args.timeline), args.skip)))
+
+
+if __name__ == "__main__":
+    main()
