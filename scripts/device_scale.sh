@@ -53,7 +53,7 @@ else
   PY=python3
   if ! "$PY" -c "import commsched._C" 2>/dev/null; then
     echo "== device_scale: build commsched._C in place ($PY)" >&2
-    MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace >/dev/null
+    MAX_JOBS="$(nproc --all)" "$PY" setup.py -q build_ext --inplace >/dev/null
   fi
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -129,5 +129,5 @@ for model in $MODELS; do
 done
 "$PY" scripts/scale_report.py "$OUT" "${JOBS[@]}" --measured-only \
   --command "MODELS='$MODELS' RANKS='$RANKS' RATE=$RATE BUDGET_S=$BUDGET_S scripts/device_scale.sh" \
-  --machine "$(nproc) cores; $("$PY" -c 'import torch; print("torch " + torch.__version__ + (", " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else ", no GPU"))')"
+  --machine "$(nproc --all) cores; $("$PY" -c 'import torch; print("torch " + torch.__version__ + (", " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else ", no GPU"))')"
 echo "device_scale: wrote $OUT/README.md in $((SECONDS - START)) s" >&2
