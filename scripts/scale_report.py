@@ -60,15 +60,19 @@ def sweep_lines(simulated: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _measured_lines(measured: dict[str, Any]) -> list[str]:
+    """A job's ranks, link and torchrun command, then its validation rows."""
+    meta = measured["meta"]
+    return [f"Measured: {meta['world_size']} ranks, {meta['network']}, command "
+            f"`torchrun --standalone --nproc_per_node={meta['world_size']} -m "
+            f"{meta['command'].removeprefix('python -m ')}`.", "",
+            *validation_lines(measured), ""]
+
+
 def model_section(root: str, name: str) -> list[str]:
     measured = _load(os.path.join(root, name, "measured", "results.json"))
     simulated = _load(os.path.join(root, name, "results.json"))
-    meta = measured["meta"]
-    return [f"## {name}", "",
-            f"Measured: {meta['world_size']} ranks, {meta['network']}, command "
-            f"`torchrun --standalone --nproc_per_node={meta['world_size']} -m "
-            f"{meta['command'].removeprefix('python -m ')}`.", "",
-            *validation_lines(measured), "",
+    return [f"## {name}", "", *_measured_lines(measured),
             "Predicted from the `commsched:dear` candidate's profile "
             f"(`{name}/profiles/candidate3.json`); scaling factor per policy:", "",
             *sweep_lines(simulated), "",
@@ -79,12 +83,7 @@ def model_section(root: str, name: str) -> list[str]:
 def measured_section(root: str, job: str) -> list[str]:
     """One job of scripts/device_scale.sh: its command and its validation rows."""
     measured = _load(os.path.join(root, job, "results.json"))
-    meta = measured["meta"]
-    return [f"## {job}", "",
-            f"{meta['world_size']} ranks, {meta['network']}; command `torchrun --standalone "
-            f"--nproc_per_node={meta['world_size']} -m "
-            f"{meta['command'].removeprefix('python -m ')}`.", "",
-            *validation_lines(measured), "",
+    return [f"## {job}", "", *_measured_lines(measured),
             f"Profiles for `python -m commsched simulate`: `{job}/profiles/`.", ""]
 
 

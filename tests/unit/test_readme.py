@@ -14,10 +14,11 @@ and 42 of its 76 sentences (55%) over 25 words; the median sentence had 30.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import re
 from types import ModuleType
+
+from script_modules import SCRIPTS, load_script
 
 MAX_PARAGRAPH_WORDS = 80
 MAX_CELL_WORDS = 80
@@ -30,13 +31,9 @@ ABBREVIATIONS = ("e.g.", "i.e.", "vs.")
 
 
 def load_headline(root: pathlib.Path) -> ModuleType:
-    """scripts/readme_headline.py, which is a script and not part of the package."""
-    spec = importlib.util.spec_from_file_location("readme_headline",
-                                                  root / "scripts" / "readme_headline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/readme_headline.py (`root` is the checkout the suite runs in)."""
+    assert root == SCRIPTS.parent
+    return load_script("readme_headline")
 
 
 def prose(text: str) -> tuple[list[str], list[str]]:

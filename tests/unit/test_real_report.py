@@ -3,22 +3,14 @@ against comes from profiles that know when the next forward needs each tensor.""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from types import ModuleType
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from script_modules import load_script
 
 
 def load_report() -> ModuleType:
-    """scripts/real_report.py, which is a script and not part of the package."""
-    spec = importlib.util.spec_from_file_location("real_report",
-                                                  ROOT / "scripts" / "real_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("real_report")
 
 
 def job(floor_ms: float, module_info: bool, rows: list[tuple[str, float]]) -> dict[str, Any]:
