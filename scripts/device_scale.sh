@@ -30,7 +30,6 @@ PACKAGES="iproute2 libbpf1 libelf1 libmnl0 libbsd0 libmd0 libcap2 libxtables12 z
 if [ "${1:-}" = fetch ]; then
   mkdir -p "$DEBS"
   (cd "$DEBS" && apt-get download $PACKAGES)
-  grep -qx "/$DEBS/" .git/info/exclude 2>/dev/null || echo "/$DEBS/" >> .git/info/exclude
   echo "device_scale: $(ls "$DEBS" | wc -l) packages in $DEBS; carry it" >&2
   exit 0
 fi
