@@ -1,6 +1,6 @@
 """The wrapper's side of torch.amp.GradScaler: what step() does when the scaler calls it.
 
-The flags of Horovod's synchronize()/step() protocol stay in optimizer.py; this is the update
+The flags of Horovod's synchronize()/step() protocol are step_protocol.py's; this is the update
 itself, skipped on an overflow and unscaled otherwise.
 """
 

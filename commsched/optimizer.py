@@ -9,7 +9,6 @@ wrapper's ``session`` (commsched.runtime.session).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -18,7 +17,6 @@ import torch
 from . import _C
 from .compression import from_config, resolve, split
 from .config import load_config
-from .grad_scaler import UNSCALE_BEFORE_SYNCHRONIZE, scaled_step
 from .ops import Average, ReduceOp, resolve_op
 from .params import resolve_groups, resolve_names
 from .plan import Plan
@@ -27,38 +25,22 @@ from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
 from .runtime.session import Session
 from .runtime.wrap import WrapOptions
-
-_STEP_AFTER_SYNCHRONIZE = (
-    "optimizer.step() called without optimizer.skip_synchronize() context after "
-    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
-    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
-_ZERO_GRAD_DROPS_ACCUMULATION = (
-    "commsched: zero_grad() drops gradients accumulated under no_sync() that were never "
-    "averaged or applied (the last backward pass ran inside no_sync(), as at the end of an epoch "
-    "whose micro-batches do not fill a whole step). To keep them, call optimizer.step() before "
-    "zero_grad(): it averages what was accumulated and steps.")
-_ZERO_GRAD_PENDING = (
-    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+from .step_protocol import StepProtocol
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The wrapper's methods, mixed in front of the user's optimizer class.
 
-    Its own attributes: ``session`` (the run) and the flags of Horovod's synchronize()/step()
-    protocol. DistributedOptimizer makes the class; users never name it.
+    Its own attributes: ``session`` (the run) and ``_cs_protocol``, the flags of Horovod's
+    synchronize()/step() protocol (step_protocol.py). DistributedOptimizer makes the class;
+    users never name it.
     """
 
     session: Session
 
     def _cs_setup(self, session: Session, native_amp_scaling: bool) -> None:
         self.session = session
-        self._cs_should_synchronize = True
-        self._cs_synchronized = False
-        # Note [GradScaler asks before it unscales]: whether the last synchronize() was the
-        # scaler's, and whether the user's optimizer unscales by itself (fused Adam).
-        self._cs_synchronized_for_scaler = False
-        self._cs_native_amp_scaling = native_amp_scaling
+        self._cs_protocol = StepProtocol(native_amp_scaling)
         # See Note [zero_grad after a deferred step] in zero_grad().
         self._cs_torch_zero_grad = session.base_cls.zero_grad is torch.optim.Optimizer.zero_grad
 
@@ -125,27 +107,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 collective).
         """
         self.session.synchronize()
-        self._cs_synchronized = True
-        self._cs_synchronized_for_scaler = False
+        self._cs_protocol.after_synchronize()
 
     # Note [GradScaler asks before it unscales] (grad_scaler.py)
     @property
     def _step_supports_amp_scaling(self) -> bool:
-        if self._cs_should_synchronize and not self._cs_synchronized:
-            self.synchronize()
-            self._cs_synchronized_for_scaler = True
+        self._cs_protocol.before_scaler(self.synchronize)
         return True
-
-    def _cs_scaled_step(self, closure: Any) -> Any:
-        """step() called by GradScaler (Note [GradScaler asks before it unscales])."""
-        if vars(self)["grad_scale"] is None and self._cs_synchronized_for_scaler:
-            self._cs_synchronized = False
-            raise RuntimeError(UNSCALE_BEFORE_SYNCHRONIZE)
-        if self._cs_should_synchronize and self._cs_synchronized \
-                and not self._cs_synchronized_for_scaler:
-            warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=3)
-        self._cs_synchronized = False
-        return scaled_step(self, self.session, self._cs_native_amp_scaling, closure)
 
     def flush(self) -> None:
         """Applies every update still pending from an overlap plan, so the parameters are current.
@@ -175,11 +143,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Yields:
             Nothing; the block runs the step.
         """
-        self._cs_should_synchronize = False
-        try:
+        with self._cs_protocol.skipping():
             yield
-        finally:
-            self._cs_should_synchronize = True
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -239,26 +204,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 (Horovod's warning): the gradients are reduced a second time.
         """
         if "found_inf" in vars(self):  # GradScaler set it for this call
-            return self._cs_scaled_step(closure)
-        session = self.session
-        if session.passthrough and self._cs_should_synchronize and not self._cs_synchronized:
+            return self._cs_protocol.scaled_step(self, self.session, closure)
+        session, protocol = self.session, self._cs_protocol
+        if session.passthrough and protocol.reduces:
             # Note [A world of one steps as the plain optimizer]: what synchronize() and
             # update() would do there, without their calls.
             session.iteration += 1
             return session.deferred.base_step(self, closure)
         if session.elastic and session.elastic_state_step:  # hvd.elastic's state sync
             return super().step(closure)
-        if self._cs_should_synchronize and session.defers_updates and not self._cs_synchronized:
+        if protocol.reduces and session.defers_updates:
             if closure is not None:
                 raise ValueError(f"commsched: policy '{session.config.policy.value}' defers the "
                                  "update to the next forward pass and cannot run a closure")
             session.step_deferred()
             return None
-        if self._cs_should_synchronize:
-            if self._cs_synchronized:
-                warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
-            self.synchronize()
-        self._cs_synchronized = False
+        protocol.before_update(self.synchronize)
         return session.update(lambda: session.deferred.base_step(self, closure), closure)
 
     def _cs_local_step(self) -> Any:
@@ -337,11 +298,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 (the last backward pass ran inside the block) and are dropped; call step()
                 before zero_grad() to keep them.
         """
-        if self.session.pending:  # never while passing through: no hook hands a gradient over
-            raise AssertionError(_ZERO_GRAD_PENDING)
-        if self.session.held_back:
-            self.session.held_back = False
-            warnings.warn(_ZERO_GRAD_DROPS_ACCUMULATION, stacklevel=2)
+        self._cs_protocol.before_zero_grad(self.session)
         # Note [zero_grad after a deferred step]
         # Under an overlap plan, step() took every gradient out of p.grad (the runner holds
         # them until their update in the next forward pass), so the zero_grad() of a training

@@ -11,7 +11,6 @@ Use with commsched.DistributedOptimizer (docs/kfac.md):
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -25,6 +24,7 @@ from .. import world
 from ..config import load_config
 from ..world.errors import elastic
 from . import factors as fx
+from .capture import FactorCapture
 from .exchange import FactorExchange, ResultExchange
 from .placement import LOCAL, Placement, assign
 
@@ -162,12 +162,9 @@ class KFACPreconditioner:
         self.placement = _check_choice(Placement, placement, "placement")
         self.factor_update_steps, self.inv_update_steps = factor_update_steps, inv_update_steps
         self.damping, self.factor_decay, self.kl_clip, self.lr = damping, factor_decay, kl_clip, lr
-        self.symmetric, self.pipelined = symmetric, pipelined
-        self.grad_scaler = grad_scaler
+        self.symmetric = symmetric
         self.steps = 0
         self.last_scale = 1.0
-        self._held: dict[str, torch.Tensor] = {}  # unpipelined: factors kept until step()
-        self._computed: set[str] = set()  # factors computed since the last step()
         skip = {s.lower() for s in skip_layers}
         self.layers = [_Layer(name, m) for name, m in model.named_modules()
                        if fx.supported(m) and name.lower() not in skip
@@ -206,8 +203,9 @@ class KFACPreconditioner:
         owned = [[(n, self._result_numel(n)) for n in self.assignment.owned_by(r)]
                  for r in range(self.world.size)]
         self.results = ResultExchange(self.world, owned, like, cfg)
-        self._hooks = [lay.module.register_forward_hook(functools.partial(self._forward_hook, lay))
-                       for lay in self.layers]
+        self.capture = FactorCapture([(lay.name, lay.module) for lay in self.layers], self.factors,
+                                     self._updating_factors, dtype, self._pack, pipelined,
+                                     grad_scaler)
 
     # -- schedules -------------------------------------------------------------------------------
 
@@ -233,45 +231,6 @@ class KFACPreconditioner:
         if self.method is fx.ComputeMethod.EIGEN:
             return dim * dim + dim
         return self._factor_numel(name)
-
-    # -- hooks: factors leave for the engine as soon as they exist ---------------------------------
-
-    def _forward_hook(self, layer: _Layer, module: nn.Module, inputs: tuple, output: Any) -> None:
-        if not (module.training and torch.is_grad_enabled() and self._updating_factors()):
-            return
-        name = f"{layer.name}.A"
-        if name not in self._computed:
-            x = inputs[0]
-            with torch.autocast(x.device.type, enabled=False):
-                factor = fx.a_factor(module, x.to(self.factor_dtype))
-            if factor is not None:
-                self._submit(name, factor)
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(functools.partial(self._output_grad_hook, layer))
-
-    def _output_grad_hook(self, layer: _Layer, grad: torch.Tensor) -> None:
-        name = f"{layer.name}.G"
-        if name in self._computed:
-            return
-        grad = grad.to(self.factor_dtype)
-        if self.grad_scaler is not None:  # G of the unscaled loss
-            scaler = self.grad_scaler
-            scale = scaler() if callable(scaler) else scaler.get_scale()
-            grad = grad / float(scale)
-        with torch.autocast(grad.device.type, enabled=False):
-            factor = fx.g_factor(layer.module, grad)
-        if factor is not None:
-            self._submit(name, factor)
-
-    def _submit(self, name: str, factor: torch.Tensor) -> None:
-        # A layer run twice in one step contributes its first input and the first output
-        # gradient to arrive (activation checkpointing recomputes the very same input).
-        self._computed.add(name)
-        flat = fx.pack_upper(factor) if self._pack else factor.reshape(-1).contiguous()
-        if self.pipelined:
-            self.factors.submit(name, flat)
-        else:
-            self._held[name] = flat
 
     # -- step ---------------------------------------------------------------------------------
 
@@ -300,12 +259,7 @@ class KFACPreconditioner:
         self.steps += 1
 
     def _update_factors(self) -> None:
-        if not self.pipelined:  # all factors handed over only now, for comparison
-            held, self._held = self._held, {}
-            for name in self.factors.factor_names:  # in the plan's ready order
-                if name in held:
-                    self.factors.submit(name, held[name])
-        self._computed.clear()
+        self.capture.hand_over()
         averaged = self.factors.finish()
         decay = float(self._at(self.factor_decay))
         for layer in self.layers:
@@ -421,8 +375,6 @@ class KFACPreconditioner:
 
     def shutdown(self) -> None:
         """Removes the layer hooks and stops the preconditioner's engines and their threads."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+        self.capture.remove()
         self.factors.shutdown()
         self.results.shutdown()

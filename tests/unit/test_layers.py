@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"sim"},
     {"world"},
     {"runtime"},
-    {"optimizer", "grad_scaler", "params", "kfac"},
+    {"optimizer", "step_protocol", "grad_scaler", "params", "kfac"},
     {"__init__", "__main__", "info", "bench", "reporting", "lightning"},
 ]
 
