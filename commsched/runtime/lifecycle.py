@@ -25,7 +25,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ..compression import Compressor
 from ..config import Config, Policy
@@ -50,16 +49,9 @@ from .engine import EngineHandle
 from .overlap import OverlapRunner
 from .profiler import profile_document
 from .sampling import SamplingSchedule
-from .world_profile import (
-    WorldCompute,
-    critical_rank,
-    waited_s,
-    with_world_compute,
-    world_compute,
-)
+from .world_profile import gather_critical, with_world_compute, world_document
 
 log = logging.getLogger("commsched")
-T = TypeVar("T")
 
 # Note [Planning from the steady state]
 # The profiling steps are the run's first iterations: warm-up (a Transformer's backward took 4x
@@ -223,7 +215,7 @@ class PlanLifecycle:
         self.sampling.iteration_ended(iteration, settled)
 
     def replan(self, refine: bool = False) -> None:
-        """Builds the policy's plan from the world's profile (`_critical`), identically on
+        """Builds the policy's plan from the world's profile (`gather_critical`), identically on
         every rank; `refine`: the steady state's re-plan, on the network of the profiling
         steps when this process fitted it (Note [Planning from the steady state])."""
         if self.auto is not None:
@@ -232,9 +224,10 @@ class PlanLifecycle:
         cfg, profiler = self._config, self._engine.profiler
         overlap = self._runner is not None and cfg.policy.overlaps_iterations
         profiling = is_profiling_plan(self.plan)
-        (profile, net, document), world = self._critical(
-            (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
-             self.profile_document()), profiler.samples_by_op)
+        (profile, net, document), world = gather_critical(
+            self._world, (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
+                          self.profile_document()), profiler.samples_by_op,
+            profiler.iteration_rows())
         if world is not None:
             profile = Profile(tuple(0.0 if t is None else t for t in world.ready_times))
             document = with_world_compute(document, world)
@@ -341,22 +334,12 @@ class PlanLifecycle:
 
     # -- profile ------------------------------------------------------------------------------
 
-    def _critical(self, mine: T, samples_by_op: dict[str, list[tuple[int, float]]]
-                  ) -> tuple[T, WorldCompute | None]:
-        """`mine` as the rank the others wait for has it, and the compute of every rank (Note
-        [The rank the others wait for], Note [Every rank's gradients] in world_profile.py; all
-        ranks call this together)."""
-        rows = self._engine.profiler.iteration_rows()
-        gathered = self._world.all_gather_object((waited_s(samples_by_op), rows, mine))
-        chosen = gathered[critical_rank([w for w, _, _ in gathered])][2]
-        return chosen, world_compute([r for _, r, _ in gathered])
-
     def _world_document(self) -> dict:
         """The profile document of the rank the others wait for, with every rank's compute
-        (all ranks call this together)."""
-        document, world = self._critical(self.profile_document(),
-                                         self._engine.profiler.samples_by_op)
-        return with_world_compute(document, world)
+        (all ranks call this together: world_profile.world_document)."""
+        profiler = self._engine.profiler
+        return world_document(self._world, self.profile_document(), profiler.samples_by_op,
+                              profiler.iteration_rows())
 
     def profile_document(self) -> dict:
         """This rank's profile as the JSON document of docs/profile.md."""

@@ -21,46 +21,26 @@ in the forward passes the profiler samples (Note [Module times at steady state])
 
 from __future__ import annotations
 
-import bisect
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .. import _C
-from ..plan import Plan, Stage, UpdateGroup
-from ..plan.update_groups import per_module_groups
-from ..sim.overlap import completing_blocks
+from ..plan import Plan
 from ..torch_compat import eager_hook
 from ..world import registry
 from .clock import UpdateTimer
 from .deferred import DeferredUpdates
-from .overlap_support import ModuleProfile, apply_before_state_dict, hook_places
+from .overlap_layout import GroupWork, PlanLayout, first_users, plan_layout
+from .overlap_support import ModuleProfile, apply_before_state_dict
 
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
     from .engine import EngineHandle
-
-
-@dataclass
-class _GroupWork:
-    """What an update group's call needs, worked out once per plan: its tensors that some block
-    completes (as slots: positions in the runner's list of taken tensors), their parameters and
-    bytes, the block it waits for, how many of DeAR's all-gathers must be released before that
-    wait (`gathers_through`, for `_release_through`), and its sub-optimizer (with the generation
-    of the deferred updates it was made in)."""
-
-    slots: list[int]
-    params: list[torch.Tensor]
-    nbytes: int
-    wait_for: int
-    gathers_through: int
-    optimizer: torch.optim.Optimizer | None = None
-    generation: int = -1
 
 
 class HookMode(enum.Enum):
@@ -96,32 +76,17 @@ class OverlapRunner:
         # The taken gradients, by slot (a parameter without one has None: set_grads leaves it
         # so, and no compressed tensor lacks one).
         self._grads: list[torch.Tensor] = []
-        # Module name -> the groups its pre-hook may apply: those starting there, and those
-        # holding a parameter it is the first user of (Note [Skipped group starts] in
-        # overlap_support.py).
-        self._groups: tuple[UpdateGroup, ...] = ()
-        self._groups_at: dict[str, list[int]] = {}
+        # The plan's update groups, slots and all-gathers, worked out by activate() (empty
+        # until then).
+        self._layout = PlanLayout()
         self._bytes_of: dict[tuple[int, ...], int] = {}
-        self._needs: dict[int, int] = {}
-        # The tensors some block completes (those in _needs) and their parameters: step() takes
-        # their gradients out of p.grad. A tensor's slot is its position in these lists.
-        self._taken_ids: list[int] = []
-        self._taken_params: list[torch.Tensor] = []
-        self._work: list[_GroupWork] = []
-        # Slots in no group: finish() applies them (and the root's end-of-forward hook, Note
-        # [The end of the forward pass], exists only while there are some).
-        self._ungrouped: list[int] = []
-        # Whether no tensor is in two groups: a pending group's tensors are then all pending.
-        self._disjoint = False
-        self._gathers: list[int] = []
-        self._released = 0
+        self._released = 0  # how many of the layout's all-gathers were released this iteration
         self._handles: list[Any] = []
         self._root_name = ""
         # A lossy compressor's gradients, rebuilt just before their group's update (Note
         # [Compression under an overlap plan]); set by the session, on while it compresses.
         self.compressed: CompressedGradients | None = None
         self.decompress_scale = 1.0
-        self._decompressed: dict[int, int] = {}  # slot -> index in `compressed`, this plan
         self.mode = HookMode.OFF
         self.active = False
         self._sampled = False  # whether the coming forward pass records module times
@@ -141,7 +106,7 @@ class OverlapRunner:
         under torch.compile]). The root's own hooks run outside a compiled module's frame."""
         if not self.active:
             return []
-        return sorted(name for name in self._groups_at if name != self._root_name)
+        return sorted(name for name in self._layout.groups_at if name != self._root_name)
 
     def _set_mode(self, mode: HookMode, sampled: bool = False) -> None:
         """Registers only the hooks `mode` needs: under an overlap plan, the modules that are
@@ -161,36 +126,19 @@ class OverlapRunner:
             # First, so that the root's time ends before the end-of-forward hook's finish().
             self._handles.extend(self.modules.attach(self._named, self._root_name))
         if mode is HookMode.ACTIVE:
-            for name in self._groups_at:
+            for name in self._layout.groups_at:
                 module = self._named[name]  # activate() mapped unknown names to the root
                 self._handles.append(module.register_forward_pre_hook(
                     eager_hook(self._apply_groups(name, timed=sampled))))
-            if self._ungrouped:  # Note [The end of the forward pass]
+            if self._layout.ungrouped:  # Note [The end of the forward pass]
                 root = self._named[self._root_name]
                 self._handles.append(root.register_forward_hook(eager_hook(self._end_of_forward)))
 
     # -- activation -------------------------------------------------------------------------
 
-    def _runner_of(self, name: str) -> str:
-        """The module whose pre-hook must apply `name`'s parameters: `name` itself if its forward
-        ran, else its nearest ancestor that ran (nn.MultiheadAttention reads
-        ``out_proj.weight`` without calling ``out_proj``), else the root."""
-        ran = set(self.modules.order)
-        while name and name not in ran:
-            name = name.rpartition(".")[0]
-        return name
-
     def first_users(self) -> dict[int, str]:
         """Tensor id -> the module (observed forward order) whose pre-hook applies its update."""
-        rank = {name: i for i, name in enumerate(self.modules.order)}
-        earliest: dict[int, str] = {}
-        for owner, tids in self._owned.items():
-            runner = self._runner_of(owner)
-            for t in tids:
-                current = earliest.get(t)
-                if current is None or rank.get(runner, -1) < rank.get(current, -1):
-                    earliest[t] = runner
-        return earliest
+        return first_users(self.modules.order, self._owned)
 
     def activate(self, plan: Plan) -> None:
         """Installs the plan's update groups (one per first-user module when the plan has none)
@@ -201,24 +149,10 @@ class OverlapRunner:
         assert not self.open, "commsched: an overlap plan was activated inside an iteration"
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
-        self._needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)
-        self._taken_ids = [t for t in range(len(self._params)) if t in self._needs]
-        self._taken_params = [self._params[t] for t in self._taken_ids]
-        slot_of = {t: slot for slot, t in enumerate(self._taken_ids)}
-        self._decompressed = {} if compressed is None else \
-            {slot_of[t]: index for index, t in enumerate(compressed.ids) if t in slot_of}
-        groups = plan.update_groups or per_module_groups(self.modules.order, self.first_users(),
-                                                         self._needs)
-        self._groups = tuple(groups)
-        self._groups_at = hook_places(self._groups, self.first_users(), self.modules.order,
-                                      set(self._named), self._root_name)
-        self._gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
-        self._work = [self._group_work(group, slot_of) for group in self._groups]
-        members = [s for work in self._work for s in work.slots]
-        self._disjoint = len(members) == len(set(members))
-        self._ungrouped = sorted(set(range(len(self._taken_ids))) - set(members))
-        self._group_done = [self._stamp] * len(self._groups)  # nothing pending until step()
-        self._slot_done = [self._stamp] * len(self._taken_ids)
+        layout = self._layout = plan_layout(plan, self._params, self.modules.order, self._owned,
+                                            set(self._named), self._root_name, compressed)
+        self._group_done = [self._stamp] * len(layout.groups)  # nothing pending until step()
+        self._slot_done = [self._stamp] * len(layout.taken_ids)
         # Note [The end of the forward pass]
         # The root's forward hook applies what the forward pass did not reach: parameters in no
         # group, and groups whose modules all were skipped. When the groups hold every tensor,
@@ -228,15 +162,6 @@ class OverlapRunner:
         # is left out, one Python call per iteration fewer (a world of one, or a plan with one
         # group, has nothing else at the end of the forward pass).
         self._set_mode(HookMode.ACTIVE)
-
-    def _group_work(self, group: UpdateGroup, slot_of: dict[int, int]) -> _GroupWork:
-        slots = [slot_of[t] for t in group.tensor_ids if t in slot_of]
-        params = [self._taken_params[s] for s in slots]
-        # The all-gathers up to the one the group waits for (those at or before its position),
-        # plus one of look-ahead (_release_through).
-        gathers_through = bisect.bisect_right(self._gathers, group.wait_for)
-        return _GroupWork(slots, params, sum(p.numel() * p.element_size() for p in params),
-                          group.wait_for, gathers_through)
 
     def restore(self, order: list[str], active: bool, recording: bool, plan: Plan) -> None:
         """Puts the runner where a checkpoint left it. The forward order decides in which
@@ -265,34 +190,37 @@ class OverlapRunner:
     def begin(self) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward."""
         self._snapshot()
-        self._grads = _C.take_grads(self._taken_params)
+        self._grads = _C.take_grads(self._layout.taken_params)
         self._stamp += 1  # every group and slot is pending (Note [Stamps, not sets])
         self.open = True
         if self._engine.sampling != self._sampled:
             self._set_mode(HookMode.ACTIVE, sampled=self._engine.sampling)
         self._released = 0
-        if self._gathers:
+        if self._layout.gathers:
             self._release_through(0)
 
     def _release_through(self, count: int) -> None:
-        """Releases the all-gathers before position `count` of `_gathers` and one more (callers
-        test `_released` first: most calls have nothing left to release)."""
-        while self._released < min(count + 1, len(self._gathers)):
-            self._engine.release(self._gathers[self._released])
+        """Releases the all-gathers before position `count` of the layout's `gathers` and one
+        more (callers test `_released` first: most calls have nothing left to release)."""
+        gathers = self._layout.gathers
+        while self._released < min(count + 1, len(gathers)):
+            self._engine.release(gathers[self._released])
             self._released += 1
 
     def release_for(self, position: int) -> None:
         """Releases the all-gathers up to the block at `position` when it is one (the second
         round of a compressor waits for its first round's blocks at step())."""
-        if position in self._gathers:
-            self._release_through(self._gathers.index(position))
+        gathers = self._layout.gathers
+        if position in gathers:
+            self._release_through(gathers.index(position))
 
     def finish(self) -> None:
         """Waits for every block of the open iteration and applies every pending update."""
         if not self.open:
             return
-        if self._released < len(self._gathers):
-            self._release_through(len(self._gathers))
+        gathers = self._layout.gathers
+        if self._released < len(gathers):
+            self._release_through(len(gathers))
         self._engine.wait()
         left = self._leftovers()
         if left:
@@ -302,20 +230,21 @@ class OverlapRunner:
 
     def _leftovers(self) -> list[int]:
         """The slots not applied in the open iteration, in order."""
-        stamp = self._stamp
-        if not self._disjoint:
+        stamp, layout = self._stamp, self._layout
+        if not layout.disjoint:
             done = self._slot_done
             return [s for s in range(len(done)) if done[s] != stamp]
         done = self._group_done
-        left = [s for index, work in enumerate(self._work) if done[index] != stamp
+        left = [s for index, work in enumerate(layout.work) if done[index] != stamp
                 for s in work.slots]
         if not left:
-            return self._ungrouped
-        return sorted(left + self._ungrouped)
+            return layout.ungrouped
+        return sorted(left + layout.ungrouped)
 
-    def _apply(self, slots: list[int], work: _GroupWork | None = None) -> None:
+    def _apply(self, slots: list[int], work: GroupWork | None = None) -> None:
         """Applies the update of `slots` (`work`'s whole group when given) with one call of the
         user's optimizer."""
+        layout = self._layout
         optimizer = None
         if work is not None:
             params, nbytes = work.params, work.nbytes
@@ -324,14 +253,14 @@ class OverlapRunner:
                 work.optimizer, work.generation = deferred.subset(params), deferred.generation
             optimizer = work.optimizer
         else:
-            params = [self._taken_params[s] for s in slots]
+            params = [layout.taken_params[s] for s in slots]
             key = tuple(slots)
             known = self._bytes_of.get(key)
             if known is None:  # the same leftovers come back every iteration
                 known = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
             nbytes = known
         started = _C.now_us()
-        if self._decompressed:  # its time is the compressor's (compute.compression_s)
+        if layout.decompressed:  # its time is the compressor's (compute.compression_s)
             self._decompress(slots)
         engine = self._engine
         # Timed only when the profiler keeps this iteration; device events on CUDA (Note
@@ -344,15 +273,16 @@ class OverlapRunner:
         self._update_us += _C.now_us() - started
         if engine.timeline:
             engine.span("update", started, tensors=len(slots))
-        if not self._disjoint:
+        if not layout.disjoint:
             done, stamp = self._slot_done, self._stamp
             for s in slots:
                 done[s] = stamp
 
     def _decompress(self, slots: list[int]) -> None:
         assert self.compressed is not None
+        decompressed = self._layout.decompressed
         for s in slots:
-            index = self._decompressed.get(s)
+            index = decompressed.get(s)
             if index is not None:
                 self.compressed.decompress(index, self._grads[s], self.decompress_scale)
 
@@ -361,7 +291,7 @@ class OverlapRunner:
     def _apply_groups(self, name: str, timed: bool) -> Callable[[nn.Module, Any], None]:
         """The pre-hook applying `name`'s pending groups; `timed`: in a forward pass that
         records module times, what it spends is left out of them."""
-        indices = self._groups_at[name]
+        indices = self._layout.groups_at[name]
 
         def hook(module: nn.Module, args: Any) -> None:
             if not self.open:
@@ -381,22 +311,22 @@ class OverlapRunner:
         return timed_hook
 
     def _apply_group(self, index: int) -> None:
-        stamp = self._stamp
+        stamp, layout = self._stamp, self._layout
         self._group_done[index] = stamp
-        work = self._work[index]
+        work = layout.work[index]
         # A group's tensors are applied with it, or all at once by finish(), which closes the
         # iteration: with no tensor in two groups, a pending group has every tensor pending.
-        if self._disjoint:
+        if layout.disjoint:
             slots = work.slots
         else:
             done = self._slot_done
             slots = [s for s in work.slots if done[s] != stamp]
         if not slots:
             return
-        if self._released <= work.gathers_through and self._gathers:
+        if self._released <= work.gathers_through and layout.gathers:
             self._release_through(work.gathers_through)
         self._engine.wait_block(work.wait_for)
-        self._apply(slots, work if self._disjoint else None)
+        self._apply(slots, work if layout.disjoint else None)
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self.finish()

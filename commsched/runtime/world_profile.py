@@ -1,5 +1,6 @@
 """One profile for the whole world, from every rank's: the collectives of the rank the others wait
-for, and the compute of every rank, iteration by iteration."""
+for, and the compute of every rank, iteration by iteration (gathered by `gather_critical` and
+`world_document`, which all ranks call together)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from ..world import World
+
+T = TypeVar("T")
 
 # Note [The rank the others wait for]
 # A collective starts when its last rank launches it, so the ranks that launched earlier time that
@@ -129,3 +136,23 @@ def with_world_compute(document: dict, world: WorldCompute | None) -> dict:
             value = world.ready_times[tensor]
             row["ready_time_s"] = value if value is None or math.isfinite(value) else None
     return out
+
+
+def gather_critical(world: World, mine: T, samples_by_op: Mapping[str, Sequence[Sequence[float]]],
+                    rows: Sequence[IterationRow]) -> tuple[T, WorldCompute | None]:
+    """`mine` as the rank the others wait for has it, and the compute of every rank (Note [The
+    rank the others wait for], Note [Every rank's gradients]); `samples_by_op` and `rows`: this
+    rank's `Profiler.samples_by_op` and `Profiler.iteration_rows()`. All ranks call this
+    together."""
+    gathered = world.all_gather_object((waited_s(samples_by_op), rows, mine))
+    chosen = gathered[critical_rank([w for w, _, _ in gathered])][2]
+    return chosen, world_compute([r for _, r, _ in gathered])
+
+
+def world_document(world: World, document: dict,
+                   samples_by_op: Mapping[str, Sequence[Sequence[float]]],
+                   rows: Sequence[IterationRow]) -> dict:
+    """The profile document of the rank the others wait for, with every rank's compute (this
+    rank's `document`, the rest as in `gather_critical`; all ranks call this together)."""
+    chosen, compute = gather_critical(world, document, samples_by_op, rows)
+    return with_world_compute(chosen, compute)
