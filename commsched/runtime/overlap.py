@@ -151,6 +151,7 @@ class OverlapRunner:
             else None
         layout = self._layout = plan_layout(plan, self._params, self.modules.order, self._owned,
                                             set(self._named), self._root_name, compressed)
+        self._bytes_of.clear()  # keyed by slots, which the new plan numbers afresh
         self._group_done = [self._stamp] * len(layout.groups)  # nothing pending until step()
         self._slot_done = [self._stamp] * len(layout.taken_ids)
         # Note [The end of the forward pass]
