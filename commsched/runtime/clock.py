@@ -67,9 +67,9 @@ class StepClock:
         self.step_end_us = _C.now_us()
         self._waited_at_step_end = self._native.waited_us / 1e6
 
-    def time_update(self, step: Callable[[], Any],
-                    in_two_calls: Callable[[], list[tuple[int, float | EventSpan]]] | None,
-                    ) -> Any:
+    def time_update(
+            self, step: Callable[[], Any],
+            in_two_calls: Callable[[], list[tuple[int, float | EventSpan]]] | None) -> Any:
         """The user's optimizer step under a synchronous plan, timed for the profiler and the
         timeline. `in_two_calls`, while an overlap plan may follow (profiling steps with a
         runner), makes the same update in two calls of different sizes instead, so that the

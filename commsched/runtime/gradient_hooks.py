@@ -178,12 +178,11 @@ class GradientHooks:
         model= to tell commsched before training which parameters are sparse) is reduced dense,
         as Horovod's sparse_as_dense does, and handed back sparse after the reduction
         (`resparsify`), so that optimizers that take only sparse gradients (SparseAdam) still
-        work. Every rank reduces the same dense
-        block whatever it holds; rows no rank touched are left out of the sparse result.
-        A wrapper with an overlap runner (the overlap policies and `auto`, given model=) keeps
-        it dense (`hand_back_sparse` false): the runner applies deferred updates from the
-        dense reduced gradients, and one optimizer state (SGD's momentum buffer) must not see
-        both kinds."""
+        work. Every rank reduces the same dense block whatever it holds; rows no rank touched
+        are left out of the sparse result. A wrapper with an overlap runner (the overlap
+        policies and `auto`, given model=) keeps it dense (`hand_back_sparse` false): the
+        runner applies deferred updates from the dense reduced gradients, and one optimizer
+        state (SGD's momentum buffer) must not see both kinds."""
         assert param.grad is not None
         param.grad = param.grad.to_dense()
         if hand_back_sparse:
