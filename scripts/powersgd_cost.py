@@ -1,7 +1,7 @@
 """What PowerSGD's own compute costs per iteration on one CPU core, over a built-in model's
 compressed tensors (rank 4, the default min_ratio). Two tables:
 
-- orthogonalisation: the Q factor of QR (commsched.compression.orthogonalise_) against
+- orthogonalisation: the Q factor of QR (commsched.compression_math.orthogonalise_) against
   Gram-Schmidt twice in torch ops (what commsched used before; kept here only as the
   comparison);
 - the two products P = M Q and Q = M^T P with Q stored m x r row-major (DDP's PowerSGD hook's
@@ -24,7 +24,8 @@ from collections.abc import Callable
 import torch
 
 from commsched.bench.models import ModelName, build
-from commsched.compression import PowerSGD, matrix_shape, orthogonalise_
+from commsched.compression import PowerSGD
+from commsched.compression_math import matrix_shape, orthogonalise_
 
 ROUNDS, CALLS = 9, 10
 

@@ -33,10 +33,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..compression import (
-    LossyCompression,
-    PowerSGD,
-    TopK,
+from ..compression import LossyCompression, PowerSGD, TopK
+from ..compression_math import (
     initial_q,
     matrix_shape,
     orthogonalise_,

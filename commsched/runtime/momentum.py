@@ -56,13 +56,8 @@ from typing import Any
 
 import torch
 
-from ..compression import (
-    LossyCompression,
-    TopK,
-    dgc_accumulate_,
-    dgc_mask_,
-    sgd_momentum_factor,
-)
+from ..compression import LossyCompression, TopK
+from ..compression_math import dgc_accumulate_, dgc_mask_, sgd_momentum_factor
 
 NO_CORRECTION = (
     "commsched: Compression.topk() under {what}: top-k keeps plain error feedback, whose kept "

@@ -22,7 +22,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from ..compression import Compression, LossyCompression, PowerSGD, matrix_shape
+from ..compression import Compression, LossyCompression, PowerSGD
+from ..compression_math import matrix_shape
 from ..config import ConfigError
 from ..plan import Plan, TensorSpec
 from ..plan.compressed import (

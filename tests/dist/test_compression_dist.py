@@ -14,14 +14,8 @@ from helpers import distributed_test
 from test_dgc_dist import check_least_squares, train_least_squares
 from torch import nn
 
-from commsched.compression import (
-    PowerSGD,
-    TopK,
-    initial_q,
-    matrix_shape,
-    simulate_dgc,
-    simulate_powersgd,
-)
+from commsched.compression import PowerSGD, TopK
+from commsched.compression_math import initial_q, matrix_shape, simulate_dgc, simulate_powersgd
 
 STEPS = 4
 MOMENTUM = 0.5

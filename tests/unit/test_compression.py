@@ -12,14 +12,8 @@ from torch import nn
 
 import commsched
 from commsched import Compression, ConfigError
-from commsched.compression import (
-    PowerSGD,
-    TopK,
-    initial_q,
-    orthogonalise_,
-    simulate_powersgd,
-    simulate_topk,
-)
+from commsched.compression import PowerSGD, TopK
+from commsched.compression_math import initial_q, orthogonalise_, simulate_powersgd, simulate_topk
 from commsched.config import Policy, load_config
 from commsched.plan import NetModel, Profile, TensorSpec, make_plan
 from commsched.plan.compressed import WireLayout, check_order, compressed_plan

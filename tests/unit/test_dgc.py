@@ -15,7 +15,8 @@ from torch import nn
 
 import commsched
 from commsched import Compression
-from commsched.compression import TopK, sgd_momentum_factor, simulate_dgc
+from commsched.compression import TopK
+from commsched.compression_math import sgd_momentum_factor, simulate_dgc
 
 WORLD = 3
 LR, WD = 0.1, 0.01

@@ -1,5 +1,5 @@
 """topk_select against a full sort, on both of its paths (Note [Top-k from a sampled
-threshold] in commsched/compression.py): the candidates above a sampled threshold, and the
+threshold] in commsched/compression_math.py): the candidates above a sampled threshold, and the
 whole-tensor search when the sample misses where the large entries are."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commsched.compression import _topk_among_candidates, topk_select
+from commsched.compression_math import _topk_among_candidates, topk_select
 
 N = 300 * 300  # above the size from which the threshold is sampled
 
