@@ -70,6 +70,7 @@ class Kind(enum.Enum):
     FLOAT = "a number"
     CHOICE = "one of"
     PATH = "a file path (empty for none)"
+    FLAG = "a boolean: true/false, 1/0, yes/no or on/off"
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("powersgd_min_ratio", Kind.FLOAT, 2.0, "`powersgd`: a tensor is compressed only if its "
          "factors are at least this many times smaller than it (1-D tensors never are).",
          minimum=1, maximum=1 << 20),
+    Knob("shard_optimizer", Kind.FLAG, False, "Each rank keeps the optimizer state of the slices "
+         "of the parameters it owns only: gradients are reduce-scattered, owners step, the "
+         "updated parameters are all-gathered (ZeRO stage 1, docs/sharding.md). Synchronous "
+         "policies; element-wise torch.optim optimizers."),
     Knob("topk_ratio", Kind.FLOAT, 0.01, "`topk`: share of each compressed tensor's entries sent "
          "(the largest in magnitude).", minimum=0, exclusive_minimum=True, maximum=1),
 )
@@ -208,6 +213,7 @@ class Config:
     powersgd_min_ratio: float = 2.0
     topk_ratio: float = 0.01
     auto_trials: int = 2
+    shard_optimizer: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The knobs as plain values by key (the policy as its name), for logs and checks."""
@@ -231,7 +237,20 @@ def _number(value: Any) -> float:
     raise ValueError("not a number")
 
 
+_FLAGS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
+
+
 def _convert(knob: Knob, value: Any) -> Any:
+    if knob.kind is Kind.FLAG:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        text = str(value).strip().lower()
+        if text not in _FLAGS:
+            raise ValueError("not a boolean")
+        return _FLAGS[text]
     if knob.kind is Kind.CHOICE:
         text = str(value).strip().lower()
         if text not in knob.choices:

@@ -8,6 +8,7 @@ wrapper's ``session`` (commsched.runtime.session).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from . import _C
-from .compression import from_config, resolve, split
+from .compression import NoneCompressor, from_config, resolve, split
 from .config import load_config
 from .ops import Average, ReduceOp, resolve_op
 from .params import resolve_groups, resolve_names
@@ -24,8 +25,17 @@ from .runtime import checkpoint
 from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
 from .runtime.session import Session
+from .runtime.sharded import check_sharding_allowed
 from .runtime.wrap import WrapOptions
 from .step_protocol import StepProtocol
+
+_SHARDED_SYNCHRONIZE = (
+    "commsched: synchronize() is not possible with shard_optimizer=True: each rank holds the "
+    "averaged gradient of its own slice only, and step() updates the slices as they arrive. "
+    "Clipping by global norm, GradScaler's unscale_() and K-FAC need every gradient whole.")
+_SHARDED_STEP = (
+    "commsched: with shard_optimizer=True, step() updates each rank's slices from the "
+    "reduce-scatters and takes no closure and no skip_synchronize()")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -106,6 +116,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             MismatchError: the ranks built different plans (compared before a new plan's first
                 collective).
         """
+        if self.session.sharding:
+            raise RuntimeError(_SHARDED_SYNCHRONIZE)
+        self._cs_synchronize()
+
+    def _cs_synchronize(self) -> None:
         self.session.synchronize()
         self._cs_protocol.after_synchronize()
 
@@ -213,13 +228,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return session.deferred.base_step(self, closure)
         if session.elastic and session.elastic_state_step:  # hvd.elastic's state sync
             return super().step(closure)
+        if session.sharded_now():  # Note [The sharded state follows the plan]
+            if not protocol.reduces or closure is not None:
+                raise RuntimeError(_SHARDED_STEP)
+            session.step_sharded()
+            return None
         if protocol.reduces and session.defers_updates:
             if closure is not None:
                 raise ValueError(f"commsched: policy '{session.config.policy.value}' defers the "
                                  "update to the next forward pass and cannot run a closure")
             session.step_deferred()
             return None
-        protocol.before_update(self.synchronize)
+        protocol.before_update(self._cs_synchronize)
         return session.update(lambda: session.deferred.base_step(self, closure), closure)
 
     def _cs_local_step(self) -> Any:
@@ -245,11 +265,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         # Not a pause: some loops save every step (Note [A pause is not compute]).
         self.session.flush()
-        state = super().state_dict()
+        state = self._whole_state_dict()
         entry = checkpoint.capture(self.session)
         if entry is not None:
             state[checkpoint.KEY] = entry
         return state
+
+    def _whole_state_dict(self) -> dict[str, Any]:
+        """torch's state_dict(), with every rank's slices gathered under shard_optimizer (the
+        plain optimizer can load it)."""
+        sharded = self.session.lifecycle.sharded if self.session.sharding else None
+        if sharded is None or not sharded.active:
+            return super().state_dict()
+        mine = self.state
+        self.state = collections.defaultdict(dict, {**mine, **sharded.whole_state()})
+        try:
+            return super().state_dict()
+        finally:
+            self.state = mine
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads your optimizer's state, and the plan and iteration in its ``commsched`` entry.
@@ -279,6 +312,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             checkpoint.validate(self.session, entry)  # before torch's state changes
         super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.KEY})
         self.session.deferred.invalidate()  # torch replaced the state and param-group dicts
+        if self.session.sharding:  # the slices are cut from the loaded state at the next step
+            self.session.lifecycle.sharded.loaded()  # type: ignore[union-attr]
         if entry is not None:
             checkpoint.restore(self.session, entry)
 
@@ -440,6 +475,9 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     wrapped.state = optimizer.state
     adopt_plain_attributes(wrapped, optimizer)
     cast, lossy = split(from_config(config) if compression is None else resolve(compression))
+    if config.shard_optimizer:
+        check_sharding_allowed(config.policy.value, optimizer.__class__,
+                               lossy is not None or cast is not NoneCompressor, process_set)
     options = WrapOptions(cast, backward_passes_per_step, reduce_op,
                           float(gradient_predivide_factor), group_of, sparse_as_dense, model,
                           lossy=lossy, process_set=process_set)

@@ -122,6 +122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait_all", &Engine::wait_all, py::call_guard<py::gil_scoped_release>())
       .def("wait_block", &Engine::wait_block, py::call_guard<py::gil_scoped_release>())
       .def("release", &Engine::release, py::call_guard<py::gil_scoped_release>())
+      .def("reduced_shard", &Engine::reduced_shard, py::call_guard<py::gil_scoped_release>())
       .def("set_credit", &Engine::set_credit, py::call_guard<py::gil_scoped_release>())
       .def("set_local_ready_events", &Engine::set_local_ready_events)
       .def("last_ready_us", &Engine::last_ready_us, py::call_guard<py::gil_scoped_release>())

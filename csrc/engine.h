@@ -70,6 +70,10 @@ class Engine {
   void wait_block(int64_t position, int64_t timeout_ms);
   // Makes a caller-released (forward-stage) block ready to launch.
   void release(int64_t position);
+  // This rank's slice of the completed reduce-scatter at plan `position` (summed, not yet
+  // scaled): the engine's own buffer, valid until the iteration ends (a sharded step updates
+  // from it; plan/sharding.py).
+  at::Tensor reduced_shard(int64_t position);
   // Most bytes in flight at once (0: no limit); one block is always allowed.
   void set_credit(int64_t bytes);
   // Whether a world of one records ready events for device gradients in the coming iterations

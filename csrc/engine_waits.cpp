@@ -81,6 +81,17 @@ void Engine::wait_block(int64_t position, int64_t timeout_ms) {
   for (int64_t pos = 0; pos <= position; ++pos) DeviceSync::current_stream_wait(done_events_[pos]);
 }
 
+at::Tensor Engine::reduced_shard(int64_t position) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(position >= 0 && position < static_cast<int64_t>(plan_.size()) &&
+                  plan_[position].op == Collective::kReduceScatter,
+              "commsched: no reduce-scatter at plan position ", position);
+  TORCH_CHECK(completed_ > position && shards_[position].defined(),
+              "commsched: the reduce-scatter at plan position ", position,
+              " has not completed (wait_block() it first)");
+  return shards_[position];
+}
+
 void Engine::release(int64_t position) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -24,6 +24,7 @@ from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner
 from .overlap_support import check_overlap_allowed, overlap_possible
 from .release import Resources
+from .sharded import ShardedState
 from .sparse import SparseExchange
 from .timeline import timeline_path
 from .wrap import WrapOptions, check_ranks_agree
@@ -84,6 +85,13 @@ class WorldBinding:
         self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.runner,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
+        if config.shard_optimizer and world.size > 1:
+            if self.elastic:
+                raise ValueError("commsched: shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER) "
+                                 "does not run in an elastic job yet: its state would have to "
+                                 "move to the re-formed world's slices")
+            self.lifecycle.sharded = ShardedState(self.base_cls, self.deferred.user, self.params,
+                                                  world, postscale)
 
     def start(self, iteration: int) -> None:
         """After bind(), with the iteration the world agreed on: the compressor and the plan

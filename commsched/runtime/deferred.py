@@ -202,7 +202,8 @@ class DeferredUpdates:
         self.splittable = base_cls.__module__.startswith("torch.optim")
 
     @property
-    def _user(self) -> torch.optim.Optimizer:
+    def user(self) -> torch.optim.Optimizer:
+        """The user's (wrapped) optimizer."""
         return self._user_ref()
 
     def invalidate(self) -> None:
@@ -233,7 +234,7 @@ class DeferredUpdates:
     def subset(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         """A new sub-optimizer of `params`, not cached here: for a caller that steps the same
         subset every iteration and keeps it, with `generation` to tell when it went stale."""
-        return block_optimizer(self._base_cls, self._user, list(params), self._snapshots)
+        return block_optimizer(self._base_cls, self.user, list(params), self._snapshots)
 
     def apply(self, params: list[torch.Tensor], grads: list[torch.Tensor] | None = None,
               optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -250,11 +251,11 @@ class DeferredUpdates:
         the smallest one alone, then the rest; gradients are left in place (a synchronous
         step). Each parameter is stepped once, as one call would, so the update is the same;
         the two (bytes, seconds) samples tell a call's fixed cost from its cost per byte."""
-        params = [p for group in self._user.param_groups for p in group["params"]
+        params = [p for group in self.user.param_groups for p in group["params"]
                   if p.grad is not None]
         # GradScaler's scale reaches a fused optimizer as an attribute of the one whose step()
         # it called: a subset would not see it.
-        if len(params) < 2 or not self.splittable or "grad_scale" in vars(self._user):
+        if len(params) < 2 or not self.splittable or "grad_scale" in vars(self.user):
             return []
         self.snapshot()
         smallest = min(range(len(params)), key=lambda i: params[i].numel())

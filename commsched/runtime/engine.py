@@ -113,8 +113,19 @@ class EngineHandle:
             self._engine.set_local_ready_events(sampling)
 
     def install(self, plan: Plan, compressor: type[Compressor], prescale: float,
-                postscale: float) -> None:
-        position = {b.block_id: i for i, b in enumerate(plan.blocks)}
+                postscale: float, run: Plan | None = None) -> None:
+        """Installs `plan` for the next iteration on.
+
+        Args:
+            plan: the plan the session plans, checks and saves (`self.plan` from now on).
+            compressor: the wire's compressor (its dtype).
+            prescale: the factor a block is multiplied by before it is reduced.
+            postscale: the factor a reduced block is multiplied by (averaging).
+            run: the blocks the engine runs in its place, where they differ (a sharded run's:
+                plan/sharding.py); positions, forward-stage blocks and timings are of these.
+        """
+        runs = plan if run is None else run
+        position = {b.block_id: i for i, b in enumerate(runs.blocks)}
         blocks = [_C.BlockSpec(
             block_id=block.block_id, op=int(block.op),
             wire_dtype=dtype_name(compressor.wire_dtype(getattr(torch, block.dtype))),
@@ -127,11 +138,11 @@ class EngineHandle:
                     for p in block.pieces],
             released_by_caller=block.stage is Stage.FORWARD,
             source=-1 if block.source is None else position[block.source])
-            for block in plan.blocks]
+            for block in runs.blocks]
         self._engine.install_plan(blocks)
         self.plan = plan
-        self._ops = [b.op.name.lower() for b in plan.blocks]
-        self._forward_positions = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
+        self._ops = [b.op.name.lower() for b in runs.blocks]
+        self._forward_positions = [i for i, b in enumerate(runs.blocks) if b.stage is Stage.FORWARD]
         if self.timeline:
             self.timeline.mark(f"plan {plan.policy} {plan.fingerprint} ({len(plan.blocks)} blocks)")
 
@@ -202,6 +213,11 @@ class EngineHandle:
         overlap runner is not open): a block released twice is an engine error."""
         for position in self._forward_positions:
             self.release(position)
+
+    def reduced_shard(self, position: int) -> torch.Tensor:
+        """This rank's summed slice of the reduce-scatter at `position`, once it completed."""
+        self.wait_block(position)
+        return self._engine.reduced_shard(position)
 
     def release(self, position: int) -> None:
         try:

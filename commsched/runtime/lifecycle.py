@@ -38,6 +38,7 @@ from ..plan import (
     make_profiling_plan,
 )
 from ..plan.compressed import WireLayout, compressed_plan
+from ..plan.sharding import sharded_plan
 from ..sim import FittedNetwork, RunProfile, profile_from_document
 from ..sim.compressed import CompressedRun
 from ..sim.overlap import with_update_groups
@@ -49,6 +50,7 @@ from .engine import EngineHandle
 from .overlap import OverlapRunner
 from .profiler import profile_document
 from .sampling import SamplingSchedule
+from .sharded import ShardedState
 from .world_profile import gather_critical, with_world_compute, world_document
 
 log = logging.getLogger("commsched")
@@ -117,6 +119,9 @@ class PlanLifecycle:
         self._last_end: float | None = None
         # While a lossy compressor runs: it, and its wire tensors, which every plan carries.
         self.compressor: CompressedGradients | None = None
+        # shard_optimizer's state, which moves with each plan (Note [The sharded state follows
+        # the plan] in sharded.py); set by the binding.
+        self.sharded: ShardedState | None = None
         self.set_credit(config.credit_bytes)
 
     @property
@@ -367,7 +372,11 @@ class PlanLifecycle:
 
     def install_local(self, plan: Plan) -> None:
         scaling = self._scaling
-        self._engine.install(plan, scaling.compression, scaling.prescale, scaling.postscale)
+        sharded = self.sharded
+        run = sharded_plan(plan) if sharded is not None and not is_profiling_plan(plan) else None
+        self._engine.install(plan, scaling.compression, scaling.prescale, scaling.postscale, run)
+        if sharded is not None:
+            sharded.install(run)
 
     def set_credit(self, nbytes: int) -> None:
         self.credit = nbytes

@@ -367,6 +367,36 @@ class Session:
         _activity.now = ("forward", time.monotonic(), self.iteration)
         self._maybe_pass_through()
 
+    @property
+    def sharding(self) -> bool:
+        """Whether shard_optimizer runs here (a bound world of more than one rank)."""
+        return self.bound and self.lifecycle.sharded is not None
+
+    def sharded_now(self) -> bool:
+        """Whether this step() updates slices: sharding, under a policy's plan (the profiling
+        steps are not sharded). Moves the state to a new plan's slices first."""
+        if not self.sharding or self.passthrough:
+            return False
+        sharded = self.lifecycle.sharded
+        return sharded is not None and sharded.follow_plan()
+
+    def step_sharded(self) -> None:
+        """step() with shard_optimizer (runtime/sharded.py): each rank updates its slices
+        between the reduce-scatters and the all-gathers, which then carry parameters."""
+        sharded = self.lifecycle.sharded
+        assert sharded is not None
+        _activity.now = ("step", time.monotonic(), self.iteration)
+        if self.lifecycle.unsettled:
+            self.lifecycle.settle(self.iteration)
+        self._launch_rest()
+        engine = self.engine
+        self.clock.time_update(lambda: sharded.step(engine.reduced_shard, engine.release), None)
+        engine.wait()
+        sharded.finish()
+        self._end_iteration()
+        _activity.now = ("forward", time.monotonic(), self.iteration)
+        self._maybe_pass_through()
+
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         """The user's optimizer step under a synchronous plan, timed (StepClock.time_update)."""
         if self.passthrough:

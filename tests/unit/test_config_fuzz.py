@@ -44,6 +44,8 @@ def _honours_range(knob: Knob, value: Any) -> bool:
         return str(getattr(value, "value", value)) in knob.choices
     if knob.kind is Kind.PATH:
         return isinstance(value, str)
+    if knob.kind is Kind.FLAG:
+        return isinstance(value, bool)
     if value is None:
         return knob.default is None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):

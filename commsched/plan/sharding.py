@@ -1,0 +1,126 @@
+"""Sharded optimizer state (ZeRO stage 1 on DeAR's decoupling): the plan the engine runs, and
+which elements of which parameters each rank updates.
+
+Note [Flat slices, not whole parameters]
+A sharded run reduce-scatters every block of the plan and all-gathers it back after the update.
+A reduce-scatter hands rank r the r-th of N equal slices of the block's packed buffer (padded to
+a multiple of N), already summed: stepping exactly that slice, and all-gathering the updated
+parameters in place of the averaged gradients, costs the traffic of one all-reduce. Owning whole
+parameters instead would need a reduce to each parameter's owner (a collective neither Gloo's
+ring nor the engine's runs at the all-reduce's cost) or a second exchange after the
+reduce-scatter. So each rank owns the flat slice the reduce-scatter leaves it, for every block:
+balanced by bytes by construction (per block, at most N - 1 elements of padding, all on the last
+ranks), identical on every rank because the plan is (its fingerprint is compared before it is
+installed), and no table of owners to agree on. The price: a slice cuts parameters, so only an
+optimizer that updates each element from that element's gradient and state can step it (SGD,
+Adam, AdamW, ... ; runtime/sharded.py keeps the list), and the slices move when the plan does
+(runtime/sharded.py re-shards the state then).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .types import Block, Collective, Plan, Stage
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of one parameter's elements that a rank owns: elements [offset, offset + numel) of
+    the flattened tensor `tensor_id`, found at `shard_offset` in the rank's slice of its block."""
+
+    tensor_id: int
+    offset: int
+    numel: int
+    shard_offset: int
+
+
+@dataclass(frozen=True)
+class BlockShard:
+    """One reduce-scatter of a sharded plan and what this rank owns of it.
+
+    `reduce_position` and `gather_position` are plan positions (the engine's indices);
+    `shard_numel` is the length of every rank's slice, padding included."""
+
+    reduce_position: int
+    gather_position: int
+    shard_numel: int
+    segments: tuple[Segment, ...]
+
+
+def sharded_plan(plan: Plan) -> Plan:
+    """The plan a sharded run installs: every block reduce-scattered in backward, in the plan's
+    order, then one all-gather per reduce-scatter, held until the caller releases it (after the
+    update wrote the slice's parameters where the gradient was).
+
+    Args:
+        plan: a plan of all-reduces, or of reduce-scatters each followed by its all-gather
+            (DeAR's); the policy, pieces and dtypes are kept.
+
+    Returns:
+        The sharded plan: reduce-scatters first, then their all-gathers (standalone: each rank
+        sends the slice it owns, unscaled), block ids equal to positions.
+
+    Raises:
+        ValueError: the plan holds a standalone all-gather (a lossy compressor's), which has no
+            gradient slice to update.
+    """
+    reduced: list[Block] = []
+    for block in plan.blocks:
+        if block.op is Collective.ALL_GATHER:
+            if block.source is None:
+                raise ValueError("commsched: shard_optimizer cannot shard a compressed plan "
+                                 f"('{plan.policy}' block {block.block_id} is a standalone "
+                                 "all-gather)")
+            continue  # its reduce-scatter is kept; the all-gather below replaces it
+        reduced.append(Block(len(reduced), block.pieces, block.dtype,
+                             Collective.REDUCE_SCATTER))
+    gathers = [Block(len(reduced) + i, block.pieces, block.dtype, Collective.ALL_GATHER,
+                     Stage.FORWARD) for i, block in enumerate(reduced)]
+    return Plan(plan.policy, tuple(reduced + gathers))
+
+
+def owned_segments(block: Block, world: int, rank: int) -> tuple[Segment, ...]:
+    """The elements of `block` that `rank` owns: its slice of the packed, padded block.
+
+    Args:
+        block: a block of the plan (its pieces in packing order).
+        world: the number of ranks.
+        rank: the owner asked about.
+
+    Returns:
+        The segments in slice order; empty where the slice is all padding.
+    """
+    total = sum(piece.numel for piece in block.pieces)
+    shard = -(-total // world)
+    lo, hi = rank * shard, (rank + 1) * shard
+    segments = []
+    position = 0
+    for piece in block.pieces:
+        start, end = max(lo, position), min(hi, position + piece.numel)
+        if start < end:
+            segments.append(Segment(piece.tensor_id, piece.offset + start - position,
+                                    end - start, start - lo))
+        position += piece.numel
+    return tuple(segments)
+
+
+def shard_layout(plan: Plan, world: int, rank: int) -> tuple[BlockShard, ...]:
+    """What `rank` owns of a plan made by sharded_plan().
+
+    Args:
+        plan: a sharded plan (reduce-scatters, then their all-gathers in the same order).
+        world: the number of ranks.
+        rank: this rank.
+
+    Returns:
+        One BlockShard per reduce-scatter, in plan order.
+    """
+    reduces = [i for i, b in enumerate(plan.blocks) if b.op is Collective.REDUCE_SCATTER]
+    layout = []
+    for k, position in enumerate(reduces):
+        block = plan.blocks[position]
+        total = sum(piece.numel for piece in block.pieces)
+        layout.append(BlockShard(position, len(reduces) + k, -(-total // world),
+                                 owned_segments(block, world, rank)))
+    return tuple(layout)
