@@ -23,10 +23,10 @@ fi
 dirs=()
 for n in $RANKS; do
   "${prefix[@]}" .venv/bin/torchrun --nproc-per-node "$n" --master-port 29533 \
-    -m commsched.bench.collectives --rounds "$ROUNDS" --out "$OUT/ranks$n" --note "$note"
+    -m benchmarks.harness.collectives --rounds "$ROUNDS" --out "$OUT/ranks$n" --note "$note"
   dirs+=("$OUT/ranks$n")
 done
-.venv/bin/python -m commsched.bench.collectives --out "$OUT" --note "$note" --merge "${dirs[@]}"
+.venv/bin/python -m benchmarks.harness.collectives --out "$OUT" --note "$note" --merge "${dirs[@]}"
 {
   echo "# Collectives on Gloo: torch's reduce-scatter and all-gather against the engine's ring"
   echo

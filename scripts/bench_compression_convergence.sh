@@ -3,12 +3,12 @@
 # against uncompressed on scikit-learn's bundled 8x8 digits, commsched's DistributedOptimizer in a
 # world of one, SGD momentum 0.9 (top-k with DGC's momentum correction), tuned lr, several seeds.
 # Writes benchmarks/compression_convergence/{README.md, results.json}; arguments go to
-# commsched.bench.compression_convergence.
+# benchmarks.harness.compression_convergence.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/setup.sh
 OUT="${OUT:-benchmarks/compression_convergence}"
 export OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore::UserWarning"
-.venv/bin/python -m commsched.bench.compression_convergence --out "$OUT" "$@"
+.venv/bin/python -m benchmarks.harness.compression_convergence --out "$OUT" "$@"
 echo "bench_compression_convergence: report in $OUT/README.md" >&2

@@ -44,7 +44,7 @@ run transformer 8 transformer
   for m in cnn transformer; do
     echo; sed 's/^# /## /' "$OUT/$m/results.md"; echo
     echo "Targets (commsched + PowerSGD rank $RANK at most 0.9x DDP + PowerSGD hook and 0.6x hvd):"
-    echo; .venv/bin/python -m commsched.bench.compression_speed "$OUT/$m/results.json"
+    echo; .venv/bin/python -m benchmarks.harness.compression_targets "$OUT/$m/results.json"
     echo; echo "![$m]($m/results.png)"
   done
 } > "$OUT/README.md"

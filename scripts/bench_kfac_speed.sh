@@ -11,7 +11,7 @@ OUT="${OUT:-benchmarks/kfac_speed}"
 export NETNS="${NETNS:-cskfac}"
 trap 'scripts/netem.sh down' EXIT
 scripts/netem.sh up "$RATE"
-scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.kfac_speed \
+scripts/netem.sh run .venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m benchmarks.harness.kfac_speed \
   --batch-size 64 --warmup 18 --rounds 3 --steps 5 --link-note "loopback shaped to $RATE" \
   --out "$OUT" 2>&1 | rank0_stdout
 {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Overhead benchmark: a world of one (no communication), every policy and `auto` beside the plain
 # optimizer on the built-in MLP, CNN and Transformer, rounds interleaved, ratios of best medians,
-# glibc's malloc keeping freed memory (commsched/bench/allocator.py says why).
+# glibc's malloc keeping freed memory (benchmarks/harness/allocator.py says why).
 # On a machine with a GPU (torch.cuda available) it runs again on the GPU, with GPT-2 124M when
 # `transformers` is importable, timed both ways (Note [Two clocks on a GPU]).
 # Writes benchmarks/overhead/<device>/{README.md,results.json,results.png}.
@@ -10,7 +10,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 OUT="${OUT:-benchmarks/overhead}"
 # 4 builds of every candidate, 10 rounds each (Note [Builds of the candidates] in
-# commsched/bench/overhead.py): past its warm-up every policy runs the user's optimizer passed
+# benchmarks/harness/overhead.py): past its warm-up every policy runs the user's optimizer passed
 # through, so with one build the candidates differ only by where each copy of the model landed
 # in memory: 3.0% (CNN) and 3.7% (Transformer) between six policies running identical code, and
 # `auto` read 1.030x and 1.033x "the fastest policy", the luckiest copy. With 4 builds the CNN's
@@ -25,10 +25,10 @@ ROUNDS="${ROUNDS:-10}"
 # commsched/runtime/passthrough.py), so every timed round measures what a user gets from then on.
 WARMUP="${WARMUP:-110}"
 export OVERHEAD_COMMAND="scripts/bench_overhead.sh"
-.venv/bin/python -m commsched.bench.overhead --device cpu --instances "$INSTANCES" --rounds "$ROUNDS" \
+.venv/bin/python -m benchmarks.harness.overhead --device cpu --instances "$INSTANCES" --rounds "$ROUNDS" \
   --warmup "$WARMUP" --out "$OUT/cpu"
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  .venv/bin/python -m commsched.bench.overhead --device cuda --free-running --instances "$INSTANCES" \
+  .venv/bin/python -m benchmarks.harness.overhead --device cuda --free-running --instances "$INSTANCES" \
     --rounds "$ROUNDS" --warmup "$WARMUP" --out "$OUT/gpu"
 else
   echo "bench_overhead: no GPU here (torch.cuda.is_available() is false): GPU part not run" >&2

@@ -44,7 +44,7 @@ done
   echo
   echo "Command: \`RATES=\"$RATES\" THREE_RANKS_RATE=$THREE_RANKS_RATE scripts/bench_sim.sh\`. Each setting is one horovodrun job (candidates interleaved, steady-state medians as in benchmarks/overlap); each commsched plan is simulated (\`commsched.sim\`, fitted α/β per collective, synchronous or cross-iteration mode) from that candidate's own profile as it stands at the end of the run, the world's (the collectives of the rank the others waited for, whose took the least time in all, and each gradient ready when the last rank had it, iteration by iteration: Note [The rank the others wait for] and Note [Every rank's gradients] in \`runtime/world_profile.py\`; the profiler keeps the latest iterations; the first ones are warm-up: a Transformer's backward ran 4x slower for about ten steps). \`auto\` is simulated the same way with the plan it installed (its own prediction when it chose is in the line below each table); an iteration's collectives are never predicted to move their wire bytes faster than the link's bulk rate, from the all-reduce of every gradient each job measures (one block may) (Note [No faster than the link's bulk rate] in \`sim/network.py\`); each setting's \`predict/\` keeps what its predictions were made from. 28 warm-up steps per candidate cover its profiling steps and its 20-step check, and \`auto\` steps on, untimed, until its re-plan and trials of close runners-up are over."
   echo
-  .venv/bin/python -m commsched.bench.validate "${results[@]}"
+  .venv/bin/python -m benchmarks.harness.sim_validation "${results[@]}"
   compressed=(benchmarks/compression_speed/*/results.json)
   if [ -e "${compressed[0]}" ]; then
     echo
@@ -52,7 +52,7 @@ done
     echo
     echo "The runs of benchmarks/compression_speed (\`scripts/bench_compression_speed.sh\`, 2 ranks at 1 Gbit/s), each compressed plan simulated with the compressor's own wire tensors and measured compute (sim/compressed.py) instead of a bare ratio; target: within 15%."
     echo
-    .venv/bin/python -m commsched.bench.validate "${compressed[@]}"
+    .venv/bin/python -m benchmarks.harness.sim_validation "${compressed[@]}"
   fi
   for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done
 } > "$OUT/README.md"

@@ -17,14 +17,14 @@
 # further model adds its own rounds to a lent machine's 15 minutes. $GPU_CHECK_POLICIES (say,
 # horovod,dear,auto) limits the candidates beside the two plain optimizers the same way: fewer
 # candidates buy more rounds, and more rounds narrow the interval each verdict prints (Note [The
-# range of a best round] in commsched/bench/overhead_report.py). $GPU_CHECK_INSTANCES (say, 4) builds
+# range of a best round] in benchmarks/harness/overhead_report.py). $GPU_CHECK_INSTANCES (say, 4) builds
 # the candidates that many times, $ROUNDS rounds each (Note [Builds of the candidates] in
-# commsched/bench/overhead.py): on the H100 two identical plain optimizers settled 1.5-3% apart.
+# benchmarks/harness/overhead.py): on the H100 two identical plain optimizers settled 1.5-3% apart.
 # $GPU_CHECK_WARMUP (say, 110) sets the warm-up steps of each build: a world of one steps as the
 # plain optimizer from about iteration 80 (every policy) or 100 (`auto`) on (Note [A world of one
 # steps as the plain optimizer] in commsched/runtime/passthrough.py), and the benchmark's default
 # warm-up is 30. A candidate "<policy> (engine kept)" never does, and measures the runtime's own
-# cost per step (Note [The engine kept] in commsched/bench/overhead_report.py).
+# cost per step (Note [The engine kept] in benchmarks/harness/overhead_report.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -60,7 +60,7 @@ set +e
 # The benchmark goes first: a lent machine's minutes are few, and a hung test must not eat the
 # report (the first run, 2026-11-26, lost it that way). Each part has its own limit.
 timeout "${GPU_CHECK_BENCH_S:-300}" env OVERHEAD_COMMAND="scripts/gpu_check.sh" \
-  "$PY" -m commsched.bench.overhead --device cuda --free-running --rounds "$ROUNDS" \
+  "$PY" -m benchmarks.harness.overhead --device cuda --free-running --rounds "$ROUNDS" \
   ${GPU_CHECK_MODELS:+--models "$GPU_CHECK_MODELS"} \
   ${GPU_CHECK_POLICIES:+--policies "$GPU_CHECK_POLICIES"} \
   ${GPU_CHECK_INSTANCES:+--instances "$GPU_CHECK_INSTANCES"} \

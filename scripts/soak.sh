@@ -7,6 +7,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 POLICY="${POLICY:-bytescheduler}"
 STEPS="${STEPS:-2000}"
 OUT="${OUT:-benchmarks/soak}"
-.venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m commsched.bench.soak --policy "$POLICY" \
+.venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m benchmarks.harness.soak --policy "$POLICY" \
   --steps "$STEPS" --out "$OUT" 2>&1 | rank0_stdout
 echo "soak: wrote $OUT/results.json and results.png" >&2

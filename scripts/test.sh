@@ -7,7 +7,7 @@ cd "$ROOT"
 scripts/setup.sh
 PY="$ROOT/.venv/bin/python"
 echo "== test: ruff" >&2
-"$ROOT/.venv/bin/ruff" check commsched tests examples
+"$ROOT/.venv/bin/ruff" check commsched tests examples benchmarks/harness
 # Docstrings (Google convention, pyproject.toml) of the modules that hold the public API,
 # docs/api.md: ruff selects rules per run, not per file.
 "$ROOT/.venv/bin/ruff" check --select D commsched/__init__.py commsched/__main__.py \
@@ -16,7 +16,7 @@ echo "== test: ruff" >&2
   commsched/world/errors.py commsched/kfac/__init__.py commsched/kfac/preconditioner.py \
   commsched/lightning.py
 echo "== test: mypy" >&2
-"$PY" -m mypy commsched tests
+"$PY" -m mypy commsched tests benchmarks/harness
 # The examples import their shared module as a sibling script does (examples/common.py).
 MYPYPATH="$ROOT/examples" "$PY" -m mypy examples
 echo "== test: pytest" >&2

@@ -6,6 +6,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUITES = ("unit", "dist", "e2e")
 sys.path.insert(0, HERE)
+# The benchmark harnesses (benchmarks/harness) are no part of the installed package: they import
+# from the checkout, as `python -m benchmarks.harness.<name>` does from the repository root.
+# Appended, so that the commsched under test stays the one the environment installed.
+sys.path.append(os.path.dirname(HERE))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

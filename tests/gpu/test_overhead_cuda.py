@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from commsched.bench import overhead
+from benchmarks.harness import overhead
 
 SLEEP_CYCLES = 5_000_000  # about 2-4 ms at the clock rates of current data-centre GPUs
 STEPS = 5

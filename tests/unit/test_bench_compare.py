@@ -128,7 +128,7 @@ def test_an_iteration_is_slowed_to_the_bulk_rate_as_a_whole() -> None:
 def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
     import json
 
-    from commsched.bench.validate import summary_markdown
+    from benchmarks.harness.sim_validation import summary_markdown
 
     def row(name: str, measured: float, predicted: float) -> dict:
         return {"name": name, "median_ms": measured, "predicted_ms": predicted,
@@ -290,7 +290,7 @@ def test_bytes_per_iteration_of_commsched_plans() -> None:
 
 
 def test_compression_targets_lines() -> None:
-    from commsched.bench.compression_speed import targets
+    from benchmarks.harness.compression_targets import targets
 
     rows = [{"name": "hvd", "median_ms": 100.0},
             {"name": "torch-ddp-powersgd?rank=4", "median_ms": 50.0},

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import commsched
-from commsched.bench import overhead, overhead_report
+from benchmarks.harness import overhead, overhead_report
 from commsched.runtime.session import Session
 
 
@@ -73,7 +73,7 @@ def test_each_round_records_its_page_faults_per_step() -> None:
 # leave the heap to them. Its own process: mallopt lasts.
 _REUSE = """
 import sys, torch
-from commsched.bench.allocator import keep_freed_memory, page_faults
+from benchmarks.harness.allocator import keep_freed_memory, page_faults
 if keep_freed_memory() is None:
     sys.exit(3)
 def one_round():

@@ -1,4 +1,4 @@
-"""GPT-2's parameter layout at width 32 (bench/gpt2_layout.py, Note [A host-bound step on a
+"""GPT-2's parameter layout at width 32 (harness/gpt2_layout.py, Note [A host-bound step on a
 CPU]): what commsched hooks must be GPT-2 124M's, or the host cost read on it is not GPT-2's."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commsched.bench import overhead
-from commsched.bench.gpt2_layout import LAYERS, Gpt2Layout, make_batch
-from commsched.bench.overhead_workloads import workload
+from benchmarks.harness import overhead
+from benchmarks.harness.gpt2_layout import LAYERS, Gpt2Layout, make_batch
+from benchmarks.harness.overhead_workloads import workload
 
 # GPT-2 124M's (transformers' GPT2Model) parameter names per block, in its order.
 BLOCK = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",

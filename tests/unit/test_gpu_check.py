@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from commsched.bench import overhead
+from benchmarks.harness import overhead
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 

@@ -85,6 +85,22 @@ def test_nothing_imports_upwards() -> None:
     assert not upward, "\n".join(upward)
 
 
+def test_the_package_imports_no_benchmark_harness() -> None:
+    # The harnesses that write the project's reports (benchmarks/harness) are left out of the
+    # wheel: the package must run without them.
+    found = []
+    for name, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            found += [f"{name} imports {t}" for t in targets if t.split(".")[0] == "benchmarks"]
+    assert not found, "\n".join(found)
+
+
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 THIS = pathlib.Path(__file__).resolve()
-SCANNED_DIRS = ("commsched", "csrc", "scripts", "tests", "examples", "docs")
+SCANNED_DIRS = ("commsched", "csrc", "scripts", "tests", "examples", "docs", "benchmarks/harness")
 TEXT_SUFFIXES = frozenset({".py", ".pyi", ".h", ".cpp", ".cu", ".cuh", ".sh", ".md", ".txt",
                            ".yaml", ".yml", ".toml"})
 # Files that may define a Note; a Markdown page only refers to them.
@@ -97,7 +97,7 @@ def scanned_files(root: pathlib.Path) -> list[pathlib.Path]:
     if (root / "README.md").is_file():
         files.append(root / "README.md")
     files += [p for p in (root / "benchmarks").rglob("*.md") if p.is_file()]
-    return sorted(p for p in files if p.resolve() != THIS)
+    return sorted({p for p in files if p.resolve() != THIS})  # harness/*.md: found twice
 
 
 def definitions_in(path: str, lines: list[str]) -> list[Definition]:

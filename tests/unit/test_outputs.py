@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 import commsched
+from benchmarks.harness import overhead
 from commsched.__main__ import main as commsched_main
-from commsched.bench import compare, overhead
+from commsched.bench import compare
 from commsched.outputs import OutputPathError, prepare_dir, prepare_file
 
 

@@ -2,7 +2,7 @@
 LPT placement of the decompositions against the unpipelined, round-robin variant (factors and
 decompositions refreshed every step), on the built-in CNN.
 
-    horovodrun -np 2 --gloo python -m commsched.bench.kfac_speed --out benchmarks/kfac_speed
+    horovodrun -np 2 --gloo python -m benchmarks.harness.kfac_speed --out benchmarks/kfac_speed
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 import commsched
+from commsched.bench.compare import Candidate, run, timing_rows, typed_command
+from commsched.bench.models import ModelName, batch, build, loss_fn
 from commsched.kfac import KFACPreconditioner
-
-from .compare import Candidate, run, timing_rows, typed_command
-from .models import ModelName, batch, build, loss_fn
 
 BASELINE = "unpipelined + round_robin"
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"factors and decompositions every step; {rows[0]['samples']} timed steps per "
                 f"variant, interleaved over {args.rounds} rounds. Placement lpt: "
                 f"{lpt.assignment.describe()}. Placement round_robin: {rr.assignment.describe()}.")
-        command = typed_command("commsched.bench.kfac_speed", argv)
+        command = typed_command("benchmarks.harness.kfac_speed", argv)
         meta = {"command": command, "note": note,
                 "world_size": world.size, "network": args.link_note, "args": vars(args)}
         print(_table(rows), flush=True)

@@ -5,7 +5,7 @@ interleaved round by round; each figure is the median over rounds of the slowest
 Run one job per world size under torchrun (scripts/bench_collectives.sh runs 2, 3 and 4 ranks
 and merges them):
 
-    torchrun --nproc-per-node 2 -m commsched.bench.collectives --out benchmarks/collectives/2
+    torchrun --nproc-per-node 2 -m benchmarks.harness.collectives --out benchmarks/collectives/2
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import torch
 import torch.distributed as dist
 
 import commsched
-
-from .. import _C
-from ..outputs import OutputPathError, prepare_dir
-from ..plan import Collective
-from ..torch_compat import all_gather_single, reduce_scatter_single
-from .compare import typed_command
+from commsched import _C
+from commsched.bench.compare import typed_command
+from commsched.outputs import OutputPathError, prepare_dir
+from commsched.plan import Collective
+from commsched.torch_compat import all_gather_single, reduce_scatter_single
 
 KiB = 1 << 10
 SIZES = tuple(64 * KiB * 4**k for k in range(6))  # 64 KiB .. 64 MiB
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except OutputPathError as err:
         print(f"collectives: {err}", file=sys.stderr)
         return 2
-    command = typed_command("commsched.bench.collectives", argv)
+    command = typed_command("benchmarks.harness.collectives", argv)
     if args.merge is not None:
         merge(args.merge, args.out, command, args.note)
         return 0

@@ -1,7 +1,7 @@
 """Soak run: many steps of one policy; resident memory, threads and open files are sampled
 every `--every` steps, and the job must shut down cleanly. Run under horovodrun or torchrun:
 
-    horovodrun -np 2 --gloo python -m commsched.bench.soak --steps 2000 --out benchmarks/soak
+    horovodrun -np 2 --gloo python -m benchmarks.harness.soak --steps 2000 --out benchmarks/soak
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import time
 import torch
 
 import commsched
-
-from .compare import typed_command
-from .models import ModelName, batch, build, loss_fn
+from commsched.bench.compare import typed_command
+from commsched.bench.models import ModelName, batch, build, loss_fn
 
 # Memory counts as flat when the last sample is within this fraction of the first one taken
 # after warm-up (the issue's 5%).
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     after = {"threads_before_shutdown": threads_before_shutdown,
              "threads_after_shutdown": os_threads()}
     if world.rank == 0:
-        report = {"command": typed_command("commsched.bench.soak", argv),
+        report = {"command": typed_command("benchmarks.harness.soak", argv),
                   "args": vars(args) | {"model": args.model.value}, "world_size": world.size,
                   "elapsed_s": elapsed, "ranks": per_rank, "rank0_shutdown": after}
         verdicts = {r: p["verdict"] for r, p in enumerate(per_rank)}

@@ -1,5 +1,5 @@
 """The overhead benchmark's report: its targets (issue 13 items 3 and 4), the markdown table
-and the plot. The measuring side is commsched/bench/overhead.py."""
+and the plot. The measuring side is benchmarks/harness/overhead.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .resample import LEVEL, interval, resampled, round_series
+from commsched.bench.resample import LEVEL, interval, resampled, round_series
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
@@ -28,7 +28,7 @@ PLAIN = "plain"
 # the noise floor of the table (the machine, and each model instance's memory layout).
 CONTROL = "plain (control)"
 GPT2 = "gpt2"
-GPT2_LAYOUT = "gpt2_layout"  # GPT-2's tensors at width 32: bench/gpt2_layout.py
+GPT2_LAYOUT = "gpt2_layout"  # GPT-2's tensors at width 32: harness/gpt2_layout.py
 # Each best-median figure and the per-round medians it is the smallest of, per clock.
 ROUNDS_OF = {"best_median_ms": "round_medians_ms", "free_best_median_ms": "free_round_medians_ms"}
 
@@ -246,12 +246,12 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              "copy of the model: its distance from 1.000 is the noise of the table. Each verdict "
              f"gives the interval its figure covers in {LEVEL:.0%} of draws of the rounds with "
              "replacement (Note [The range of a best round] in "
-             "commsched/bench/overhead_report.py)"
+             "benchmarks/harness/overhead_report.py)"
              + ("; a draw picks builds, then rounds of each (Note [Resampling builds] in "
                 "commsched/bench/resample.py)." if meta.get("instances", 1) > 1 else "."), "",
              f"Allocator: {meta['allocator']}; all candidates share one "
              "process, and so one heap (Note [Page faults are the heap's, not the candidate's] "
-             "in commsched/bench/allocator.py). Page faults per step: the median over rounds.",
+             "in benchmarks/harness/allocator.py). Page faults per step: the median over rounds.",
              ""]
     for result in results:
         free = bool(result["rows"]) and "free_best_median_ms" in result["rows"][0]
@@ -261,7 +261,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      if builds < planned else "")
                   + (" Free-running: the same number of steps after them, on batches already "
                      "on the device, timed by CUDA events without a synchronisation per step "
-                     "(Note [Two clocks on a GPU] in commsched/bench/overhead.py)."
+                     "(Note [Two clocks on a GPU] in benchmarks/harness/overhead.py)."
                      if free else ""), "",
                   "| candidate | best median ms | vs plain |"
                   + (" free-running ms | vs plain |" if free else "")

@@ -6,7 +6,7 @@ step budget and several seeds; a run's "steps to target" is the first evaluation
 the full-training-set loss is at or below the target. Writes results.json, README.md and
 curves.png to --out.
 
-    python -m commsched.bench.kfac_convergence --out benchmarks/kfac_convergence
+    python -m benchmarks.harness.kfac_convergence --out benchmarks/kfac_convergence
 """
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 if k != "stop_at_target"}
     settings["train_size"] = int(data.x_train.shape[0])
     report: dict[str, Any] = {
-        "command": "python -m commsched.bench.kfac_convergence "
+        "command": "python -m benchmarks.harness.kfac_convergence "
                    + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "settings": settings, "grids": GRIDS, "kfac_dampings": KFAC_DAMPINGS,
         "best": best, "grid": grid,

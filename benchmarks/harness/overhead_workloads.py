@@ -1,5 +1,5 @@
 """What the overhead benchmark trains: the built-in models, and GPT-2 124M from its
-configuration where `transformers` is importable (commsched/bench/overhead.py measures)."""
+configuration where `transformers` is importable (benchmarks/harness/overhead.py measures)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from commsched.bench.models import ModelName, batch, build, loss_fn
+
 from . import gpt2_layout
-from .models import ModelName, batch, build, loss_fn
 from .overhead_report import GPT2, GPT2_LAYOUT
 
 

@@ -5,7 +5,7 @@ hits every candidate alike; each candidate's figure is its best per-round median
 is that over the plain optimizer's. A second plain optimizer (the control) shows the noise.
 On a GPU, `--free-running` times each round a second way (Note [Two clocks on a GPU]).
 
-    python -m commsched.bench.overhead --device cpu --out benchmarks/overhead/cpu
+    python -m benchmarks.harness.overhead --device cpu --out benchmarks/overhead/cpu
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 import commsched
+from commsched.bench.compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
+from commsched.outputs import OutputPathError, prepare_dir
 
-from ..outputs import OutputPathError, prepare_dir
 from .allocator import keep_freed_memory, page_faults
-from .compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
 from .overhead_report import (
     CANDIDATES,
     CONTROL,
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()] or default
     if set(models) - set(MODELS):
         parser.error(f"--models {args.models}: choose from {', '.join(MODELS)}")
-    command = typed_command("commsched.bench.overhead", argv)
+    command = typed_command("benchmarks.harness.overhead", argv)
     # Before any tensor: see Note [Page faults are the heap's, not the candidate's].
     allocator = keep_freed_memory() or "the C library's malloc as it came (no mallopt)"
     meta = {"device": args.device, "command": os.environ.get("OVERHEAD_COMMAND", command),

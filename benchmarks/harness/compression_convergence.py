@@ -9,7 +9,7 @@ Compression's momentum correction (issue 55; Note [DGC under the user's momentum
 commsched/runtime/momentum.py). Writes results.json and README.md to --out; the uncompressed
 run is the reference line of the table.
 
-    python -m commsched.bench.compression_convergence --out benchmarks/compression_convergence
+    python -m benchmarks.harness.compression_convergence --out benchmarks/compression_convergence
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional
 
 import commsched
-from commsched.bench.kfac_convergence import Data, build_model, evaluate, load_data
+from benchmarks.harness.kfac_convergence import Data, build_model, evaluate, load_data
 from commsched.compression import Compression
 
 VARIANTS: dict[str, Any] = {
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         loss, lr, runs = min(scored, key=lambda t: (t[0], t[1]))
         best[variant] = {"lr": lr, "train_loss": loss, "test_acc": _median(runs, "test_acc"),
                          "runs": runs}
-    report = {"command": "python -m commsched.bench.compression_convergence "
+    report = {"command": "python -m benchmarks.harness.compression_convergence "
                          + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                              else argv)),
               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -1,0 +1,1 @@
+"""The committed benchmark reports; harness/ holds the code that writes them."""
