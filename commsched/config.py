@@ -178,7 +178,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("shard_optimizer", Kind.FLAG, False, "Each rank keeps the optimizer state of the slices "
          "of the parameters it owns only: gradients are reduce-scattered, owners step, the "
          "updated parameters are all-gathered (ZeRO stage 1, docs/sharding.md). Synchronous "
-         "policies; element-wise torch.optim optimizers."),
+         "policies and `dear`; element-wise torch.optim optimizers."),
     Knob("topk_ratio", Kind.FLOAT, 0.01, "`topk`: share of each compressed tensor's entries sent "
          "(the largest in magnitude).", minimum=0, exclusive_minimum=True, maximum=1),
 )

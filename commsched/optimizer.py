@@ -231,7 +231,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if session.sharded_now():  # Note [The sharded state follows the plan]
             if not protocol.reduces or closure is not None:
                 raise RuntimeError(_SHARDED_STEP)
-            session.step_sharded()
+            if session.defers_updates:  # dear: the all-gathers run in the next forward pass
+                session.step_deferred()
+            else:
+                session.step_sharded()
             return None
         if protocol.reduces and session.defers_updates:
             if closure is not None:

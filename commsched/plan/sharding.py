@@ -49,35 +49,58 @@ class BlockShard:
 
 
 def sharded_plan(plan: Plan) -> Plan:
-    """The plan a sharded run installs: every block reduce-scattered in backward, in the plan's
-    order, then one all-gather per reduce-scatter, held until the caller releases it (after the
-    update wrote the slice's parameters where the gradient was).
+    """The plan a sharded run installs: every block reduce-scattered in backward, and each
+    all-gather held until the caller releases it (after the update wrote the slice's parameters
+    where the gradient was), standalone: each rank sends the slice it owns, unscaled.
+
+    A block keeps its position, so that the plan's update groups and waits still hold: an
+    all-reduce becomes a reduce-scatter and its all-gather is appended (released at step()); a
+    DeAR pair keeps both places (its all-gather still released in the next forward pass).
 
     Args:
-        plan: a plan of all-reduces, or of reduce-scatters each followed by its all-gather
-            (DeAR's); the policy, pieces and dtypes are kept.
+        plan: a plan of all-reduces, or of reduce-scatters each with its all-gather (DeAR's).
 
     Returns:
-        The sharded plan: reduce-scatters first, then their all-gathers (standalone: each rank
-        sends the slice it owns, unscaled), block ids equal to positions.
+        The sharded plan; appended all-gathers follow their reduce-scatters' order.
 
     Raises:
         ValueError: the plan holds a standalone all-gather (a lossy compressor's), which has no
             gradient slice to update.
     """
-    reduced: list[Block] = []
+    blocks: list[Block] = []
+    appended: list[Block] = []
     for block in plan.blocks:
         if block.op is Collective.ALL_GATHER:
             if block.source is None:
                 raise ValueError("commsched: shard_optimizer cannot shard a compressed plan "
                                  f"('{plan.policy}' block {block.block_id} is a standalone "
                                  "all-gather)")
-            continue  # its reduce-scatter is kept; the all-gather below replaces it
-        reduced.append(Block(len(reduced), block.pieces, block.dtype,
-                             Collective.REDUCE_SCATTER))
-    gathers = [Block(len(reduced) + i, block.pieces, block.dtype, Collective.ALL_GATHER,
-                     Stage.FORWARD) for i, block in enumerate(reduced)]
-    return Plan(plan.policy, tuple(reduced + gathers))
+            blocks.append(Block(block.block_id, block.pieces, block.dtype,
+                                Collective.ALL_GATHER, Stage.FORWARD))
+            continue
+        blocks.append(Block(block.block_id, block.pieces, block.dtype,
+                            Collective.REDUCE_SCATTER))
+        if block.op is Collective.ALLREDUCE:
+            appended.append(block)
+    next_id = max((b.block_id for b in plan.blocks), default=-1) + 1
+    gathers = [Block(next_id + i, block.pieces, block.dtype, Collective.ALL_GATHER,
+                     Stage.FORWARD) for i, block in enumerate(appended)]
+    return Plan(plan.policy, tuple(blocks + gathers), plan.update_groups)
+
+
+def gather_positions(plan: Plan) -> dict[int, int]:
+    """For `plan` (the unsharded one), where its sharded plan all-gathers each reduced block:
+    {plan position of the block: plan position of its all-gather}."""
+    position = {b.block_id: i for i, b in enumerate(plan.blocks)}
+    out: dict[int, int] = {}
+    appended = len(plan.blocks)
+    for i, block in enumerate(plan.blocks):
+        if block.op is Collective.ALLREDUCE:
+            out[i] = appended
+            appended += 1
+        elif block.op is Collective.ALL_GATHER and block.source is not None:
+            out[position[block.source]] = i
+    return out
 
 
 def owned_segments(block: Block, world: int, rank: int) -> tuple[Segment, ...]:
@@ -106,21 +129,20 @@ def owned_segments(block: Block, world: int, rank: int) -> tuple[Segment, ...]:
 
 
 def shard_layout(plan: Plan, world: int, rank: int) -> tuple[BlockShard, ...]:
-    """What `rank` owns of a plan made by sharded_plan().
+    """What `rank` owns when `plan` runs sharded (sharded_plan(plan)).
 
     Args:
-        plan: a sharded plan (reduce-scatters, then their all-gathers in the same order).
+        plan: the unsharded plan.
         world: the number of ranks.
         rank: this rank.
 
     Returns:
-        One BlockShard per reduce-scatter, in plan order.
+        One BlockShard per reduced block, in plan order.
     """
-    reduces = [i for i, b in enumerate(plan.blocks) if b.op is Collective.REDUCE_SCATTER]
     layout = []
-    for k, position in enumerate(reduces):
+    for position, gather in sorted(gather_positions(plan).items()):
         block = plan.blocks[position]
         total = sum(piece.numel for piece in block.pieces)
-        layout.append(BlockShard(position, len(reduces) + k, -(-total // world),
+        layout.append(BlockShard(position, gather, -(-total // world),
                                  owned_segments(block, world, rank)))
     return tuple(layout)

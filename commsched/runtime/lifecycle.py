@@ -376,7 +376,7 @@ class PlanLifecycle:
         run = sharded_plan(plan) if sharded is not None and not is_profiling_plan(plan) else None
         self._engine.install(plan, scaling.compression, scaling.prescale, scaling.postscale, run)
         if sharded is not None:
-            sharded.install(run)
+            sharded.install(None if run is None else plan)
 
     def set_credit(self, nbytes: int) -> None:
         self.credit = nbytes

@@ -80,6 +80,10 @@ class OverlapRunner:
         # until then).
         self._layout = PlanLayout()
         self._bytes_of: dict[tuple[int, ...], int] = {}
+        # shard_optimizer (runtime/sharded.py): the owners updated their slices at step(), the
+        # all-gathers bring parameters, and a group's "update" copies them into place.
+        self.gathers_parameters = False
+        self._slot_of: dict[int, int] = {}  # tensor id -> slot, for the sharded step
         self._released = 0  # how many of the layout's all-gathers were released this iteration
         self._handles: list[Any] = []
         self._root_name = ""
@@ -152,6 +156,7 @@ class OverlapRunner:
         layout = self._layout = plan_layout(plan, self._params, self.modules.order, self._owned,
                                             set(self._named), self._root_name, compressed)
         self._bytes_of.clear()  # keyed by slots, which the new plan numbers afresh
+        self._slot_of = {self._tid[id(p)]: s for s, p in enumerate(layout.taken_params)}
         self._group_done = [self._stamp] * len(layout.groups)  # nothing pending until step()
         self._slot_done = [self._stamp] * len(layout.taken_ids)
         # Note [The end of the forward pass]
@@ -188,10 +193,18 @@ class OverlapRunner:
 
     # -- step ---------------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """Called by step(): everything is launched; the updates wait for the next forward."""
+    def begin(self, shard_step: Callable[[Callable[[int], torch.Tensor]], None] | None = None
+              ) -> None:
+        """Called by step(): everything is launched; the updates wait for the next forward.
+
+        `shard_step`, under shard_optimizer, updates this rank's slices now, before the first
+        all-gather is released; it is given the gradient tensor of each tensor id, where the
+        all-gathers pack from."""
         self._snapshot()
         self._grads = _C.take_grads(self._layout.taken_params)
+        if shard_step is not None:
+            grads, slot_of = self._grads, self._slot_of
+            shard_step(lambda tensor_id: grads[slot_of[tensor_id]])
         self._stamp += 1  # every group and slot is pending (Note [Stamps, not sets])
         self.open = True
         if self._engine.sampling != self._sampled:
@@ -268,7 +281,12 @@ class OverlapRunner:
         # [Which clock]).
         timer = UpdateTimer(params) if engine.sampling else None
         grads = self._grads
-        self._deferred.apply(params, [grads[s] for s in slots], optimizer)
+        if self.gathers_parameters:
+            with torch.no_grad():
+                for param, slot in zip(params, slots, strict=True):
+                    param.copy_(grads[slot])
+        else:
+            self._deferred.apply(params, [grads[s] for s in slots], optimizer)
         if timer is not None:
             engine.profiler.note_update(nbytes, timer.stop())
         self._update_us += _C.now_us() - started

@@ -71,6 +71,11 @@ class _FromBinding(Generic[T]):
         return cast(T, getattr(session.binding, self.name))
 
 
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    assert param.grad is not None, "a sharded step needs every gradient handed over"
+    return param.grad
+
+
 class Session:
     # Made for the world of now (binding.py): at wrap time, or in an elastic Horovod job at the
     # first step and again whenever that world was re-formed (Note [Elastic Horovod]).
@@ -349,7 +354,14 @@ class Session:
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
         self._launch_rest()
-        runner.begin()
+        sharded = self.lifecycle.sharded
+        runner.gathers_parameters = sharded is not None and sharded.active
+        if sharded is not None and sharded.active:
+            engine = self.engine
+            runner.begin(lambda gradient_of: sharded.step(engine.reduced_shard, gradient_of,
+                                                          None))
+        else:
+            runner.begin()
         compressed = self.compressed
         if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
             self._second_round(compressed, before_wait=runner.release_for)
@@ -390,7 +402,9 @@ class Session:
             self.lifecycle.settle(self.iteration)
         self._launch_rest()
         engine = self.engine
-        self.clock.time_update(lambda: sharded.step(engine.reduced_shard, engine.release), None)
+        params = self.params
+        self.clock.time_update(lambda: sharded.step(
+            engine.reduced_shard, lambda tid: _grad(params[tid]), engine.release), None)
         engine.wait()
         sharded.finish()
         self._end_iteration()

@@ -65,7 +65,7 @@ def check_shardable(base_cls: type[torch.optim.Optimizer]) -> None:
             "optimizer with a global norm need whole parameters")
 
 
-SHARDED_POLICIES = ("horovod", "ddp", "mgwfbp")
+SHARDED_POLICIES = ("horovod", "ddp", "mgwfbp", "dear")
 
 
 def check_sharding_allowed(policy: str, base_cls: type[torch.optim.Optimizer],
@@ -86,8 +86,9 @@ def check_sharding_allowed(policy: str, base_cls: type[torch.optim.Optimizer],
     check_shardable(base_cls)
     knob = "shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER)"
     if policy not in SHARDED_POLICIES:
-        raise ValueError(f"commsched: {knob} runs under the synchronous policies "
-                         f"({', '.join(SHARDED_POLICIES)}) so far, not policy '{policy}'")
+        raise ValueError(f"commsched: {knob} runs under {', '.join(SHARDED_POLICIES)} so far "
+                         f"(the all-gathers at step(), or in the next forward pass under dear), "
+                         f"not policy '{policy}'")
     if compressed:
         raise ValueError(f"commsched: {knob} cannot run with compression: the all-gathers "
                          "carry parameters, which a cast or a lossy compressor would alter")
@@ -151,14 +152,18 @@ class ShardedState:
 
     # -- the step -----------------------------------------------------------------------------
 
-    def step(self, reduced: Callable[[int], torch.Tensor], release: Callable[[int], None]
-             ) -> None:
+    def step(self, reduced: Callable[[int], torch.Tensor],
+             gradient_of: Callable[[int], torch.Tensor],
+             release: Callable[[int], None] | None) -> None:
         """Updates this rank's slices and hands the updated parameters to the all-gathers.
 
         Args:
             reduced: reduced(position) -> this rank's summed slice of the completed
                 reduce-scatter at that plan position (waiting for it first).
-            release: release(position) -> launches the all-gather at that plan position.
+            gradient_of: gradient_of(tensor id) -> the gradient tensor the engine holds for that
+                parameter, where the all-gather packs from and unpacks to.
+            release: release(position) -> launches the all-gather at that plan position; None
+                where the caller releases them later (DeAR's, in the next forward pass).
         """
         assert self._sub is not None
         self._snapshots.take()
@@ -175,18 +180,15 @@ class ShardedState:
             for segment in block.segments:
                 _, view = next(views)
                 view.grad = None
-                self._gradient_slice(segment).copy_(view)
-            release(block.gather_position)
+                gradient_of(segment.tensor_id).view(-1).narrow(
+                    0, segment.offset, segment.numel).copy_(view)
+            if release is not None:
+                release(block.gather_position)
 
     def _user_step(self) -> None:
         assert self._sub is not None
         step = self._base_cls.step
         getattr(step, "__wrapped__", step)(self._sub)  # no step hooks: the user's step() ran them
-
-    def _gradient_slice(self, segment: Segment) -> torch.Tensor:
-        grad = self._params[segment.tensor_id].grad
-        assert grad is not None, "a sharded step needs every gradient handed over"
-        return grad.view(-1).narrow(0, segment.offset, segment.numel)
 
     def finish(self) -> None:
         """After the all-gathers: every parameter takes the values gathered into its gradient,

@@ -20,7 +20,7 @@ import torch
 from helpers import distributed_test
 from torch import nn
 
-POLICIES = ("horovod", "ddp", "mgwfbp")
+POLICIES = ("horovod", "ddp", "mgwfbp", "dear")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 STEPS = 7
 PROFILE_STEPS = 2
@@ -70,8 +70,8 @@ def _train(policy: str, name: str, shard: bool, rank: int, steps: range = range(
     model = _model()
     inner = _optimizer(name, model)
     opt = commsched.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
-                                         policy=policy, profile_steps=PROFILE_STEPS,
-                                         shard_optimizer=shard)
+                                         model=model, policy=policy,
+                                         profile_steps=PROFILE_STEPS, shard_optimizer=shard)
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     if resume is not None:
         model.load_state_dict(resume["model"])
@@ -86,6 +86,7 @@ def _train(policy: str, name: str, shard: bool, rank: int, steps: range = range(
         _loss(model, step, rank).backward()
         opt.step()
         schedule.step()
+    opt.flush()  # dear's last all-gathers (state_dict() flushes too)
     out = {"snapshot": snapshot, "params": [p.detach().clone() for p in model.parameters()],
            "state_bytes": _state_bytes(opt), "state_dict": opt.state_dict(),
            "model": {k: v.clone() for k, v in model.state_dict().items()},

@@ -35,7 +35,7 @@ def test_a_subclass_is_refused_too() -> None:
         _wrap(Clipped)
 
 
-@pytest.mark.parametrize("policy", ["dear", "bytescheduler", "prophet", "auto"])
+@pytest.mark.parametrize("policy", ["bytescheduler", "prophet", "auto"])
 def test_overlap_policies_are_refused_for_now(policy: str) -> None:
     with pytest.raises(ValueError, match=f"not policy '{policy}'"):
         _wrap(torch.optim.SGD, policy=policy)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from commsched.plan import Block, Collective, Plan, Stage
-from commsched.plan.sharding import owned_segments, shard_layout, sharded_plan
+from commsched.plan.sharding import gather_positions, owned_segments, shard_layout, sharded_plan
 from commsched.plan.types import Piece
 
 
@@ -18,24 +18,33 @@ def _plan() -> Plan:
     ))
 
 
-def test_sharded_plan_reduce_scatters_then_holds_one_gather_each() -> None:
+def test_sharded_plan_keeps_positions_and_appends_held_gathers() -> None:
     plan = sharded_plan(_plan())
-    reduces = [b for b in plan.blocks if b.op is Collective.REDUCE_SCATTER]
-    gathers = [b for b in plan.blocks if b.op is Collective.ALL_GATHER]
-    assert [b.block_id for b in plan.blocks] == list(range(6))
+    reduces, gathers = plan.blocks[:3], plan.blocks[3:]
+    assert [b.op for b in reduces] == [Collective.REDUCE_SCATTER] * 3
     assert [b.pieces for b in reduces] == [b.pieces for b in _plan().blocks]
     assert [b.pieces for b in gathers] == [b.pieces for b in reduces]
-    assert all(b.stage is Stage.FORWARD and b.source is None for b in gathers)
+    assert all(b.op is Collective.ALL_GATHER and b.stage is Stage.FORWARD and b.source is None
+               for b in gathers)
     assert all(b.stage is Stage.BACKWARD for b in reduces)
+    assert len({b.block_id for b in plan.blocks}) == 6
+    assert gather_positions(_plan()) == {0: 3, 1: 4, 2: 5}
 
 
-def test_a_decoupled_plan_keeps_its_reduce_scatters() -> None:
+def test_a_decoupled_plan_keeps_its_places() -> None:
     dear = Plan("dear", (Block(0, (Piece(0, 0, 4),), "float32", Collective.REDUCE_SCATTER),
-                         Block(1, (Piece(0, 0, 4),), "float32", Collective.ALL_GATHER,
+                         Block(1, (Piece(1, 0, 6),), "float32", Collective.REDUCE_SCATTER),
+                         Block(2, (Piece(1, 0, 6),), "float32", Collective.ALL_GATHER,
+                               Stage.FORWARD, source=1),
+                         Block(3, (Piece(0, 0, 4),), "float32", Collective.ALL_GATHER,
                                Stage.FORWARD, source=0)))
     plan = sharded_plan(dear)
-    assert [b.op for b in plan.blocks] == [Collective.REDUCE_SCATTER, Collective.ALL_GATHER]
-    assert plan.blocks[1].source is None
+    assert [b.op for b in plan.blocks] == [b.op for b in dear.blocks]
+    assert [b.pieces for b in plan.blocks] == [b.pieces for b in dear.blocks]
+    assert all(b.source is None for b in plan.blocks)
+    assert gather_positions(dear) == {0: 3, 1: 2}
+    assert [(b.reduce_position, b.gather_position) for b in shard_layout(dear, 2, 0)] == \
+        [(0, 3), (1, 2)]
 
 
 def test_a_compressed_plan_is_refused() -> None:
@@ -49,7 +58,7 @@ def test_every_element_has_one_owner(world: int) -> None:
     plan = sharded_plan(_plan())
     owners: dict[tuple[int, int], int] = {}
     for rank in range(world):
-        for block in shard_layout(plan, world, rank):
+        for block in shard_layout(_plan(), world, rank):
             assert plan.blocks[block.reduce_position].op is Collective.REDUCE_SCATTER
             assert plan.blocks[block.gather_position].pieces == \
                 plan.blocks[block.reduce_position].pieces
