@@ -28,6 +28,7 @@ from torch import nn
 import commsched
 
 from ..outputs import OutputPathError, prepare_dir
+from ..runtime.sharded import state_bytes
 from ..torch_compat import ddp_kwargs
 from ..world.errors import import_horovod
 from .candidate import LOCAL, Candidate
@@ -51,9 +52,23 @@ from .compression_speed import (
 from .models import MODEL_CHOICES, AnyModel, batch, build, loss_fn, model_name
 from .planner_pair import compare_pairs
 
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+    "adam": (torch.optim.Adam, {"lr": 1e-4}),
+}
+ZERO = "torch-zero"  # DDP with torch's ZeroRedundancyOptimizer (whole parameters, broadcast)
 
-def _sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+def _optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+    cls, settings = OPTIMIZERS[kind]
+    return cls(model.parameters(), **settings)
+
+
+def _zero_redundancy(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    cls, settings = OPTIMIZERS[kind]
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **settings)
 
 
 def _stepper(name: AnyModel, model: nn.Module, opt: torch.optim.Optimizer, batch_size: int,
@@ -67,7 +82,8 @@ def _stepper(name: AnyModel, model: nn.Module, opt: torch.optim.Optimizer, batch
 
 
 def make_candidates(name: AnyModel, wanted: list[str], batch_size: int,
-                    predict: bool = False, profile_dir: str = "") -> list[Candidate]:
+                    predict: bool = False, profile_dir: str = "",
+                    optimizer: str = "sgd") -> list[Candidate]:
     """The candidates to time; with `predict`, the commsched ones are simulated afterwards from
     their profiles, which `profile_dir` (if given) also keeps as files. Horovod is imported only
     for its own candidates (a side venv without it runs the others)."""
@@ -80,25 +96,26 @@ def make_candidates(name: AnyModel, wanted: list[str], batch_size: int,
         if label in ("hvd", HVD_FP16):
             hvd = import_horovod(f"the benchmark candidate {label!r} is Horovod's own "
                                  "DistributedOptimizer,")
-            opt = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters(),
+            opt = hvd.DistributedOptimizer(_optimizer(optimizer, model),
+                                           named_parameters=model.named_parameters(),
                                            compression=hvd.Compression.fp16 if label == HVD_FP16
                                            else hvd.Compression.none)
-        elif label == "torch-ddp" or powersgd is not None:
+        elif label in ("torch-ddp", ZERO) or powersgd is not None:
             # Horovod does not synchronise buffers either; keep the comparison like for like.
             model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False),
                                                         **ddp_powersgd_kwargs(powersgd))
             if powersgd is not None:
                 register_ddp_powersgd(model, powersgd)
-            opt = _sgd(model)
+            opt = (_zero_redundancy if label == ZERO else _optimizer)(optimizer, model)
         elif label == LOCAL:
-            opt = _sgd(model)
+            opt = _optimizer(optimizer, model)
         else:
             policy, knobs = parse_candidate(label)
             predicted = predict
             if profile_dir:
                 knobs["profile"] = os.path.join(profile_dir, f"candidate{index}.json")
             compression, knobs = split_compression(knobs)
-            opt = commsched.DistributedOptimizer(_sgd(model),
+            opt = commsched.DistributedOptimizer(_optimizer(optimizer, model),
                                                  named_parameters=model.named_parameters(),
                                                  compression=compression, policy=policy,
                                                  model=model, **knobs)
@@ -221,12 +238,18 @@ def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
     return rows
 
 
-def summarise(candidates: list[Candidate]) -> list[dict]:
-    """Per candidate: the step time is the slowest rank's; report medians and ratios."""
+def summarise(candidates: list[Candidate], memory: bool = False) -> list[dict]:
+    """Per candidate: the step time is the slowest rank's; report medians and ratios; with
+    `memory`, the most optimizer state any rank holds."""
     rows = timing_rows(candidates)
     for row, cand in zip(rows, candidates, strict=True):
         sent = candidate_bytes(cand.name, cand.model, cand.optimizer, commsched.size())
         row.update(sent.as_json() if sent is not None else {})
+        if memory:
+            held = torch.tensor([float(state_bytes(cand.optimizer))])
+            if dist.is_initialized():
+                dist.all_reduce(held, op=dist.ReduceOp.MAX)
+            row["state_bytes"] = int(held.item())
     by_name = {r["name"]: r["median_ms"] for r in rows}
     for row in rows:
         for base in ("hvd", "torch-ddp"):
@@ -260,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(covers commsched's profiling steps)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per candidate per round")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
+                        help="every candidate's optimizer (SGD: momentum 0.9)")
+    parser.add_argument("--memory", action="store_true", help="report the optimizer state the "
+                        "fullest rank holds per candidate (shard_optimizer, torch-zero)")
     parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
     parser.add_argument("--predict", action="store_true", help="simulate each commsched "
@@ -283,9 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("compare needs torch.distributed for the DDP baseline")
     wanted = [c.strip() for c in args.candidates.split(",") if c.strip()]
     predict = args.predict or bool(args.predict_dir)
-    candidates = make_candidates(args.model, wanted, args.batch_size, predict, args.predict_dir)
+    candidates = make_candidates(args.model, wanted, args.batch_size, predict, args.predict_dir,
+                                 args.optimizer)
     run(candidates, args.warmup, args.rounds, args.steps)
-    rows = summarise(candidates)
+    rows = summarise(candidates, args.memory)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     floor_profile = None
     profiles = end_profiles(candidates) if predict else {}

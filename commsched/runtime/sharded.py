@@ -281,6 +281,29 @@ class ShardedState:
         return ((s, v) for s, v in self._views if s.tensor_id == tid)
 
 
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of optimizer state this rank holds for `optimizer`: its element-wise tensors
+    (momentum, moments), with a commsched wrapper's slices under shard_optimizer and the local
+    optimizer of torch's ZeroRedundancyOptimizer.
+
+    Args:
+        optimizer: a torch optimizer, a commsched wrapper or a ZeroRedundancyOptimizer.
+
+    Returns:
+        The bytes of the tensors held, scalars (step counts) left out.
+    """
+    states = [optimizer.state]
+    local = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's own shard
+    if isinstance(local, torch.optim.Optimizer):
+        states = [local.state]
+    session = getattr(optimizer, "session", None)
+    sharded = getattr(getattr(session, "lifecycle", None), "sharded", None)
+    if isinstance(sharded, ShardedState) and sharded._sub is not None:
+        states.append(sharded._sub.state)
+    return sum(v.numel() * v.element_size() for state in states for entry in state.values()
+               for v in entry.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
 def _cut(value: Any, segment: Segment) -> Any:
     """A parameter's state value as its segment's: an element-wise tensor sliced, the rest (a
     step count, a 0-d tensor) copied."""
