@@ -95,9 +95,23 @@ def _train(policy: str, name: str, shard: bool, rank: int, steps: range = range(
     return out
 
 
+def _sparse_refusal() -> str:
+    """What wrapping a sparse embedding with shard_optimizer says (the check needs a world)."""
+    import commsched
+
+    embedding = nn.Embedding(10, 3, sparse=True)
+    try:
+        commsched.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.1),
+                                       named_parameters=embedding.named_parameters(),
+                                       model=embedding, shard_optimizer=True)
+    except ValueError as err:
+        return str(err)
+    return "wrapped"
+
+
 def _job() -> dict[str, Any]:
     rank = int(os.environ["RANK"])
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"sparse": _sparse_refusal()}
     for policy in POLICIES:
         for name in OPTIMIZERS:
             plain = _train(policy, name, False, rank)
@@ -155,6 +169,8 @@ def _plain_loads(name: str, state: dict[str, Any]) -> bool:
 def test_sharded_training_matches_unsharded(world: int) -> None:
     results = distributed_test(_job, world_size=world, timeout=240.0)
     for rank, by_case in results.items():
+        sparse = by_case.pop("sparse")
+        assert "sparse gradients ('weight')" in sparse and "sparse_as_dense" in sparse, sparse
         for case, r in by_case.items():
             assert r["moved"] > 1e-3, (case, "the run did not train")
             assert r["param_diff"] < 1e-5, (rank, case, r["param_diff"])

@@ -78,3 +78,4 @@ def test_the_knob_reads_booleans(raw: str, value: bool, tmp_path: object) -> Non
 def test_the_knob_names_a_bad_value() -> None:
     with pytest.raises(ConfigError, match="COMMSCHED_SHARD_OPTIMIZER='2'.*boolean"):
         load_config(environ={"COMMSCHED_SHARD_OPTIMIZER": "2"})
+
