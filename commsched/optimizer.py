@@ -94,7 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         Assigning it calls set_backward_passes_per_step(), which checks the value.
         """
-        return self.session.passes
+        return self.session.accumulation.passes
 
     @backward_passes_per_step.setter
     def backward_passes_per_step(self, passes: int) -> None:
@@ -181,7 +181,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 iteration (step() has not been called since): they are being averaged in place
                 in ``p.grad``, where the block would accumulate.
         """
-        with self.session.no_sync():
+        with self.session.accumulation.no_sync(self.session.passthrough):
             yield
 
     def step(self, closure: Any = None) -> Any:
@@ -226,7 +226,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # update() would do there, without their calls.
             session.iteration += 1
             return session.deferred.base_step(self, closure)
-        if session.elastic and session.elastic_state_step:  # hvd.elastic's state sync
+        if session.binding.elastic and session.elastic_guard.state_step:  # Horovod's state sync
             return super().step(closure)
         if session.sharded_now():  # Note [The sharded state follows the plan]
             if not protocol.reduces or closure is not None:

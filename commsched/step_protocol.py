@@ -93,10 +93,11 @@ class StepProtocol:
         It also warns where zero_grad() drops gradients accumulated under no_sync() and never
         averaged.
         """
-        if session.pending:  # never while passing through: no hook hands a gradient over
+        accumulation = session.accumulation
+        if accumulation.pending:  # never while passing through: no hook hands a gradient over
             raise AssertionError(_ZERO_GRAD_PENDING)
-        if session.held_back:
-            session.held_back = False
+        if accumulation.held_back:
+            accumulation.held_back = False
             warnings.warn(_ZERO_GRAD_DROPS_ACCUMULATION, stacklevel=3)  # zero_grad()'s caller
 
     def scaled_step(self, optimizer: torch.optim.Optimizer, session: Session,

@@ -112,7 +112,7 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
     """Installs the saved plan on this rank and puts the run where it was saved. When anything
     changed, the ranks compare what they restored before the next collective."""
     plan = validate(session, entry)
-    if session.stale:
+    if session.binding.stale:
         # An elastic job restoring its last commit after losing a worker: the plan was for a
         # world that is gone; the re-formed one plans for its own size from this iteration.
         session.iteration = int(entry["iteration"])

@@ -1,11 +1,18 @@
 """A session's side of elastic Horovod (Note [Elastic Horovod] in world/bootstrap.py): what an
-elastic job refuses at wrap time. Whether a session's world went stale, and re-binding to the
-world of now, are the session's own (runtime/session.py)."""
+elastic job refuses at wrap time, and the ElasticGuard that re-binds a session whose world was
+re-formed and forgets an iteration that failed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from ..config import Config
 from .wrap import WrapOptions
+
+if TYPE_CHECKING:
+    from .accumulation import Accumulation
+    from .binding import WorldBinding
 
 
 def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
@@ -22,3 +29,42 @@ def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
         raise ValueError("commsched: PowerSGD and top-k keep per-rank error-feedback state "
                          "that an elastic Horovod job cannot re-form after losing a worker; "
                          "use compression none, fp16 or bf16 there")
+
+
+class ElasticGuard:
+    """Held by a Session, and idle outside an elastic Horovod job (WorldBinding.elastic says
+    which). Horovod's elastic loop restores the last commit after a failure and runs the
+    iteration again, in a world that may have been re-formed meanwhile."""
+
+    def __init__(self, binding: WorldBinding, accumulation: Accumulation) -> None:
+        self._binding, self._accumulation = binding, accumulation
+
+    def run(self, call: Callable[..., None], *args: Any) -> None:
+        """Runs `call(*args)`; in an elastic job a failure first forgets the gradients handed
+        over in this iteration, so that the restored run starts it clean."""
+        try:
+            call(*args)
+        except RuntimeError:
+            if self._binding.elastic:
+                self._accumulation.start_over()
+            raise
+
+    def rebind_if_stale(self, bind: Callable[[], None]) -> None:
+        """Before the iteration's first collective: where the session's world broke or was
+        re-formed (WorldBinding.stale), stops its engine and binds to the world of now with
+        `bind`, which plans for that world's size; the iteration's counts start over."""
+        if self._binding.stale:
+            self.run(self._rebind, bind)
+
+    def _rebind(self, bind: Callable[[], None]) -> None:
+        self._binding.unbind()
+        self._accumulation.start_over()
+        bind()
+
+    @property
+    def state_step(self) -> bool:
+        """Whether step() is Horovod's state initialisation of an elastic sync: an optimizer with
+        no state yet steps once on zero gradients, on the ranks that lack state only (a joining
+        worker), outside any iteration. Horovod's own optimizer steps locally there, and so does
+        this one: no gradient was handed over and the world is not yet formed for this run."""
+        return self._binding.elastic and not self._accumulation.started and self._binding.stale

@@ -15,6 +15,7 @@ from .. import _C
 from .wrap import TOO_MANY_BACKWARDS, dense_layout
 
 if TYPE_CHECKING:
+    from .accumulation import Accumulation
     from .compressed import CompressedGradients
     from .engine import EngineHandle
     from .overlap import OverlapRunner
@@ -25,7 +26,7 @@ class _Session(Protocol):
     """What the hooks read of the session that holds them (runtime/session.py, which imports
     this module)."""
 
-    intake: _C.GradientIntake | None
+    accumulation: Accumulation
     params: list[torch.Tensor]
 
     @property
@@ -36,8 +37,6 @@ class _Session(Protocol):
     def runner(self) -> OverlapRunner | None: ...
     @property
     def sparse(self) -> SparseExchange: ...
-    @property
-    def gradients_started(self) -> bool: ...
     def first_gradient(self) -> None: ...
 
 
@@ -114,8 +113,7 @@ class GradientHooks:
             session = this()
             if session is None:
                 return
-            intake = session.intake
-            assert intake is not None
+            intake = session.accumulation.intake
             if intake.remaining(tensor_id) <= 0:
                 raise AssertionError(TOO_MANY_BACKWARDS)
             param = session.params[tensor_id]
@@ -138,10 +136,10 @@ class GradientHooks:
 
         def hook(param: torch.Tensor) -> None:
             session = this()
-            if session is None or (session.intake is not None and session.intake.held):
+            if session is None or session.accumulation.intake.held:
                 return  # no_sync(): Note [Accumulating without sending]
             # The gradient stays in p.grad until the exchange at synchronize()/step().
-            if not session.gradients_started:
+            if not session.accumulation.started:
                 session.first_gradient()
             delay = session.sparse.delay
             if delay[index] <= 0:

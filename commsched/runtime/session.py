@@ -13,20 +13,21 @@ What happens to one gradient (read top to bottom):
                the gradients out of ``p.grad`` (the engine still writes them) and applies each
                group's update in the next forward pass (commsched.runtime.overlap)
 DistributedOptimizer keeps Horovod's surface and delegates everything else here. A session
-holds: its GradientHooks (gradient_hooks.py: every hook it registers, and what the gradient
-intake leaves to Python), its PassThrough (passthrough.py: a world of one stepping as the plain
-optimizer) and the Resources released with it (release.py). Beside this file: `wrap.py` (the
-options, the specs, the check that ranks agree) and `elastic.py` (what an elastic Horovod job
-refuses).
+holds: its WorldBinding (binding.py: what it makes for the world it runs in), its GradientHooks
+(gradient_hooks.py: every hook it registers, and what the gradient intake leaves to Python), its
+Accumulation (accumulation.py: the intake itself, the passes counted and what no_sync() holds
+back), its ElasticGuard (elastic.py: re-binding where an elastic job's world was re-formed, and
+what a failed iteration forgets), its PassThrough (passthrough.py: a world of one stepping as the
+plain optimizer) and the Resources released with it (release.py). Beside this file: `wrap.py`
+(the options, the specs, the check that ranks agree).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
 import torch
@@ -36,11 +37,12 @@ from ..config import Config
 from ..plan import Plan
 from ..world import World, registry
 from ..world.errors import elastic
+from .accumulation import Accumulation
 from .binding import WorldBinding, iteration_reader
 from .clock import StepClock
 from .compressed import CompressedGradients
 from .deferred import DeferredUpdates
-from .elastic import refuse_in_elastic_job
+from .elastic import ElasticGuard, refuse_in_elastic_job
 from .engine import EngineHandle
 from .gradient_hooks import GradientHooks
 from .lifecycle import PlanLifecycle
@@ -49,12 +51,6 @@ from .passthrough import PassThrough
 from .release import Resources, release, release_orphans
 from .sparse import SparseExchange, sparse_parameter_ids
 from .wrap import WrapOptions, make_specs
-
-_NO_SYNC_AFTER_SEND = (
-    "commsched: no_sync() was entered after a backward pass outside it sent gradients, before "
-    "step(): those gradients are being averaged in place in p.grad, where the backward passes "
-    "inside no_sync() would accumulate. Run the micro-batches inside no_sync() first and the "
-    "last one outside it, as with DDP.")
 
 T = TypeVar("T")
 
@@ -93,13 +89,10 @@ class Session:
         release_orphans()
         self.config = config
         self.options = options
-        self.elastic = elastic()
-        if self.elastic:
+        elastic_job = elastic()
+        if elastic_job:
             refuse_in_elastic_job(config, options)
         self.iteration = 0
-        self.passes = options.backward_passes_per_step
-        # Whether gradients accumulated under no_sync() wait in p.grad, not yet handed over.
-        self.held_back = False
         self.base_cls = base_cls  # the user's optimizer class (the wrapper's class derives from it)
         self.names = {p: n for n, p in named}
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
@@ -107,7 +100,6 @@ class Session:
         tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
-        self.intake: _C.GradientIntake | None = None  # made below, after the first bind
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.hooks = GradientHooks(self)
         self.pass_through = PassThrough()
@@ -115,40 +107,30 @@ class Session:
         self._resources = Resources(None, None, self.hooks.handles, threading.get_ident())
         self._release = weakref.finalize(optimizer, release, self._resources)
         self._release.atexit = False  # at exit commsched.shutdown() stops what is left
-        self.binding = WorldBinding(config, options, self.elastic, self.specs, self.params,
+        self.binding = WorldBinding(config, options, elastic_job, self.specs, self.params,
                                     self._routed, self.deferred, base_cls, self._resources)
-        if not self.elastic:
+        self.accumulation = Accumulation(options.backward_passes_per_step, self.params,
+                                         self._routed, self.binding,
+                                         self.hooks.first_gradient_call(), self.hooks.slow_path())
+        self.elastic_guard = ElasticGuard(self.binding, self.accumulation)
+        if not elastic_job:  # an elastic job binds at its first step
             self._bind()
-        self.intake = _C.GradientIntake(len(self.params), self.passes,
-                                        self.hooks.first_gradient_call(), self.hooks.slow_path())
-        if self.bound:
-            self.intake.set_engine(self.engine.native)
+        intake = self.accumulation.intake
         for tid in [] if self.compressed is None else self.compressed.ids:
-            self.intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
-        self.hooks.install(self.intake, self.params, self._routed)
+            intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
+        self.hooks.install(intake, self.params, self._routed)
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _bind(self) -> None:
         """Binds to the world of now (WorldBinding.bind), and starts the plan there."""
-        self.binding.bind(iteration_reader(self), self.passes)
-        if self.intake is not None:  # an elastic job's (re)bind: gradients go to the new engine
-            self.intake.set_engine(self.engine.native)
-        if self.elastic:  # a joining worker starts at 0: rank 0 holds the committed position
+        self.binding.bind(iteration_reader(self), self.accumulation.passes)
+        self.accumulation.intake.set_engine(self.engine.native)  # also an elastic job's new one
+        elastic_job = self.binding.elastic
+        if elastic_job:  # a joining worker starts at 0: rank 0 holds the committed position
             self.iteration = int(self.world.broadcast_object(self.iteration))
-        self.pass_through.decide_at_bind(self.world, self.elastic, bool(self._routed),
+        self.pass_through.decide_at_bind(self.world, elastic_job, bool(self._routed),
                                          self.compressed, self.config)
         self.binding.start(self.iteration)
-
-    def _reset_counts(self, next_iteration: bool = False) -> None:
-        """Every tensor expects `passes` gradients again; with `next_iteration` the next
-        gradient is also the iteration's first (Session.first_gradient runs)."""
-        if self.intake is not None:
-            if next_iteration:
-                self.intake.next_iteration(self.passes)
-            else:
-                self.intake.reset(self.passes)
-        if self._routed and self.bound:
-            self.sparse.reset(self.passes)
 
     @property
     def bound(self) -> bool:
@@ -176,8 +158,7 @@ class Session:
 
     def hook_gradients(self) -> None:
         """Leaves the plain optimizer's step, where it was taken."""
-        assert self.intake is not None
-        self.pass_through.resume(self.hooks, self.intake, self.params, self.runner,
+        self.pass_through.resume(self.hooks, self.accumulation.intake, self.params, self.runner,
                                  self.lifecycle)
 
     def never_pass_through(self) -> None:
@@ -193,66 +174,20 @@ class Session:
         return self.pass_through.overlap_plan_runs(self.runner)
 
     def _maybe_pass_through(self) -> None:
-        self.pass_through.maybe_start(self.passes, self.lifecycle, self.runner, self.hooks,
-                                      self.params)
-
-    # -- elastic Horovod (Note [Elastic Horovod] in world/bootstrap.py) --------------------------
-
-    @property
-    def stale(self) -> bool:
-        """Whether this session must (re)bind before its next collective (WorldBinding)."""
-        return self.binding.stale
-
-    def _rebind(self) -> None:
-        """Binds to the world of now, with a plan for its size; the iteration-local counts
-        start over."""
-        self.binding.unbind()
-        self._abandon_iteration()
-        self._bind()
-
-    def _abandon_iteration(self) -> None:
-        """Forgets the gradients handed over in an iteration that failed: Horovod's elastic loop
-        restores the last commit and runs the iteration again."""
-        self._reset_counts()
-        if self.intake is not None:
-            self.intake.started = False
-
-    def _elastic_guard(self, call: Callable[..., None], *args: Any) -> None:
-        """Runs `call(*args)`; in an elastic job a failure first abandons the iteration, so that
-        the restored run starts it clean."""
-        try:
-            call(*args)
-        except RuntimeError:
-            if self.elastic:
-                self._abandon_iteration()
-            raise
-
-    @property
-    def elastic_state_step(self) -> bool:
-        """Whether step() is Horovod's state initialisation of an elastic sync: an optimizer with
-        no state yet steps once on zero gradients, on the ranks that lack state only (a joining
-        worker), outside any iteration. Horovod's own optimizer steps locally there, and so does
-        this one: no gradient was handed over and the world is not yet formed for this run."""
-        return self.elastic and not self.gradients_started and self.stale
+        self.pass_through.maybe_start(self.accumulation.passes, self.lifecycle, self.runner,
+                                      self.hooks, self.params)
 
     # -- gradient hooks -----------------------------------------------------------------------
-
-    @property
-    def gradients_started(self) -> bool:
-        """Whether this iteration's first gradient arrived (first_gradient ran)."""
-        return self.intake is not None and self.intake.started
 
     def first_gradient(self) -> None:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
-        if self.elastic and self.stale:
-            self._elastic_guard(self._rebind)
-        intake = self.intake
-        assert intake is not None
-        intake.started = True
+        if self.binding.elastic:  # Note [Elastic Horovod] in world/bootstrap.py
+            self.elastic_guard.rebind_if_stale(self._bind)
+        self.accumulation.intake.started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
         if self.lifecycle.unsettled:
-            self._elastic_guard(self.lifecycle.settle, self.iteration)
+            self.elastic_guard.run(self.lifecycle.settle, self.iteration)
         runner = self.runner
         if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
@@ -261,45 +196,18 @@ class Session:
             self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
                                       else 0.0)
 
-    @property
-    def pending(self) -> bool:
-        """Whether some gradient of this iteration was handed over and not yet reduced."""
-        handed = self.intake is not None and self.intake.handed > 0
-        if handed or not self._routed or not self.bound:
-            return handed  # no sparse gradient is routed, or none was counted (unbound)
-        return self.sparse.pending(self.passes)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward passes inside leave their gradients in ``p.grad`` to accumulate and send
-        nothing; the first backward outside hands over the sum (Note [Accumulating without
-        sending], csrc/gradient_intake.cpp). Nested blocks are one block."""
-        intake = self.intake
-        if intake is None or intake.held or self.passthrough:
-            yield
-            return
-        if self.pending:
-            raise RuntimeError(_NO_SYNC_AFTER_SEND)
-        intake.held = True
-        try:
-            yield
-        finally:
-            intake.held = False
-            self.held_back = any(p.grad is not None for p in self.params) or \
-                any(p.grad is not None for _, p in self._routed)
-
     def set_passes(self, passes: int) -> None:
         self.hook_gradients()  # the hooks count the passes
-        self.passes = passes
-        self._reset_counts()
+        self.accumulation.set_passes(passes)
 
     # -- the end of an iteration ----------------------------------------------------------------
 
     def _launch_rest(self) -> None:
         """Hands over every gradient not yet with the engine (most iterations produced every
         one) and the compressor's rest."""
-        if not self.hooks.all_handed_over(self.intake) or self.compressed is not None:
-            self.hooks.launch_rest(self.intake, self.params, self.engine, self.compressed,
+        intake = self.accumulation.intake
+        if not self.hooks.all_handed_over(intake) or self.compressed is not None:
+            self.hooks.launch_rest(intake, self.params, self.engine, self.compressed,
                                    self.pass_through.lacked_gradient, self.runner is None)
 
     def synchronize(self) -> None:
@@ -307,11 +215,11 @@ class Session:
         if self.passthrough:  # Note [A world of one steps as the plain optimizer]
             self.iteration += 1
             return
-        if self.elastic and self.stale:  # no gradient in this iteration here; the world changed
-            self._elastic_guard(self._rebind)
+        if self.binding.elastic:  # no gradient in this iteration here; the world may have changed
+            self.elastic_guard.rebind_if_stale(self._bind)
         _activity.now = ("step", time.monotonic(), self.iteration)
         self.flush()
-        self._elastic_guard(self._reduce)
+        self.elastic_guard.run(self._reduce)
 
     def _reduce(self) -> None:
         if self.lifecycle.unsettled:
@@ -432,12 +340,7 @@ class Session:
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _end_iteration(self) -> None:
-        self.held_back = False  # reduced with the iteration (handed over, or by _launch_rest)
-        if self._routed:
-            self._reset_counts(next_iteration=True)
-        else:  # the common case in one call
-            assert self.intake is not None
-            self.intake.next_iteration(self.passes)
+        self.accumulation.end_iteration()
         self.iteration += 1
         if self.engine.timeline:
             self.engine.mark(f"iteration {self.iteration}")

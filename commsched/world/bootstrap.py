@@ -394,13 +394,13 @@ def shutdown() -> None:
 # * at the next step every session asks `stale()`: broken, or Horovod's rank or size is no
 #   longer the world's. The first to see it calls `reform()` (stop every engine, drop the
 #   groups, form a new world from Horovod's new ranks); each session then rebinds to the new
-#   generation (its engine, groups and a plan for the new size; runtime/session.py).
+#   generation (its engine, groups and a plan for the new size; runtime/elastic.py).
 # Every rank reaches that step together: Horovod re-runs the training function on all of them
 # after the sync, and a joining worker forms its first world there too (a session in an
 # elastic job binds lazily: its wrap happens while the others are still in their reset).
 # Horovod's sync steps a joining worker's optimizer once on zero gradients when it has no state
 # yet (broadcast_optimizer_state), on that worker alone: a step() with no gradient handed over
-# while the world is stale is taken for that and stays local (Session.elastic_state_step), so a
+# while the world is stale is taken for that and stays local (ElasticGuard.state_step), so a
 # rank with no gradient at all in the first iteration after a reset would not join the others.
 # What cannot be seen: the workers replaced by as many others at a HostsUpdatedInterrupt, with
 # no failure and each rank keeping its number: the new workers then wait for the old ones in

@@ -70,7 +70,7 @@ def test_session_binds_at_first_step_and_reforms_after_a_failure(elastic_world) 
 
     # A collective fails (as a dead peer makes it): the world is broken, the step is abandoned.
     error = first.fail("peer gone")
-    assert isinstance(error, HorovodInternalError) and session.stale
+    assert isinstance(error, HorovodInternalError) and session.binding.stale
     # hvd.elastic.run's restore: the last commit's position, no engine touched.
     opt.load_state_dict(committed)
     assert session.iteration == 1
@@ -97,7 +97,7 @@ def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None
     with pytest.raises(HorovodInternalError, match="Connection reset"):
         opt.step()
     # The restored run starts with zero_grad(): nothing of the failed iteration is pending.
-    assert not opt.session.pending
+    assert not opt.session.accumulation.pending
     _step(model, opt)
     assert opt.session.iteration == 2 and bootstrap.world().generation == first.generation + 1
 

@@ -66,7 +66,7 @@ def _reload_and_step(model: nn.Module, opt: Any, twin: nn.Module,
     assert not opt.session.passthrough
     assert runner is None or (opt.session.defers_updates and runner._handles)
     model(_batch(0)).square().sum().backward()
-    assert opt.session.pending  # handed over by the hook again
+    assert opt.session.accumulation.pending  # handed over by the hook again
     opt.step()
     twin(_batch(0)).square().sum().backward()
     plain.step()
@@ -83,7 +83,7 @@ def test_a_settled_world_of_one_steps_as_the_plain_optimizer(policy: str) -> Non
     assert opt.plan.policy == policy  # the plan stays (what a checkpoint or a profile shows)
     assert opt.session.iteration == STEPS  # still counted (checkpoints keep it)
     model(_batch(0)).square().sum().backward()
-    assert not opt.session.pending  # no hook took the gradient: nothing was handed over
+    assert not opt.session.accumulation.pending  # no hook took the gradient: none handed over
     opt.step()
 
 
@@ -102,12 +102,12 @@ def test_no_hook_is_left_on_a_parameter_but_the_users_own() -> None:
     assert hooks is not None and len(hooks) == 1
     fired.clear()
     model(_batch(0)).square().sum().backward()
-    assert fired == [1] and not opt.session.pending
+    assert fired == [1] and not opt.session.accumulation.pending
     opt.step()
     opt.set_backward_passes_per_step(1)  # hooked again: ours and the user's
     opt.zero_grad()
     model(_batch(1)).square().sum().backward()
-    assert fired == [1, 1] and opt.session.pending
+    assert fired == [1, 1] and opt.session.accumulation.pending
     opt.step()
 
 
