@@ -8,7 +8,6 @@ wrapper's ``session`` (commsched.runtime.session).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -25,7 +24,7 @@ from .runtime import checkpoint
 from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
 from .runtime.session import Session
-from .runtime.sharded import check_sharding_allowed
+from .runtime.sharded import check_sharding_allowed, whole_state_dict
 from .runtime.wrap import WrapOptions
 from .step_protocol import StepProtocol
 
@@ -231,11 +230,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if session.sharded_now():  # Note [The sharded state follows the plan]
             if not protocol.reduces or closure is not None:
                 raise RuntimeError(_SHARDED_STEP)
-            if session.defers_updates:  # dear: the all-gathers run in the next forward pass
-                session.step_deferred()
-            else:
-                session.step_sharded()
-            return None
+            return session.step_sharded()
         if protocol.reduces and session.defers_updates:
             if closure is not None:
                 raise ValueError(f"commsched: policy '{session.config.policy.value}' defers the "
@@ -268,24 +263,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         # Not a pause: some loops save every step (Note [A pause is not compute]).
         self.session.flush()
-        state = self._whole_state_dict()
-        entry = checkpoint.capture(self.session)
-        if entry is not None:
-            state[checkpoint.KEY] = entry
-        return state
-
-    def _whole_state_dict(self) -> dict[str, Any]:
-        """torch's state_dict(), with every rank's slices gathered under shard_optimizer (the
-        plain optimizer can load it)."""
         sharded = self.session.lifecycle.sharded if self.session.sharding else None
-        if sharded is None or not sharded.active:
-            return super().state_dict()
-        mine = self.state
-        self.state = collections.defaultdict(dict, {**mine, **sharded.whole_state()})
-        try:
-            return super().state_dict()
-        finally:
-            self.state = mine
+        return checkpoint.save(self.session, whole_state_dict(self, sharded, super().state_dict))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads your optimizer's state, and the plan and iteration in its ``commsched`` entry.
@@ -308,17 +287,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 dropping the entry profiles and plans afresh. torch raises ValueError too for
                 param groups that do not match.
         """
-        self.session.flush()  # not a pause, as in state_dict()
-        self.session.hook_gradients()  # the restored plan may be another, or not yet settled
-        entry = state_dict.get(checkpoint.KEY)
-        if entry is not None:
-            checkpoint.validate(self.session, entry)  # before torch's state changes
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.KEY})
-        self.session.deferred.invalidate()  # torch replaced the state and param-group dicts
-        if self.session.sharding:  # the slices are cut from the loaded state at the next step
-            self.session.lifecycle.sharded.loaded()  # type: ignore[union-attr]
-        if entry is not None:
-            checkpoint.restore(self.session, entry)
+        checkpoint.load(self.session, state_dict, super().load_state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears the gradients, as your optimizer's own method does.

@@ -20,6 +20,7 @@ entry too (Note [Residuals are per rank, Q is shared], commsched/runtime/compres
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..plan import Plan, TensorSpec, plan_from_dict, plan_to_dict
@@ -134,3 +135,30 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
                                bool(saved_runner["recording"]), plan)
     if lifecycle.auto is not None and entry["auto"] is not None:
         lifecycle.auto = dataclasses.replace(AutoState(), **entry["auto"])
+
+
+def save(session: Session, torch_state: dict[str, Any]) -> dict[str, Any]:
+    """`torch_state` (the optimizer's own state_dict()) with the ``commsched`` entry added,
+    where there is one (an elastic job before its first step has no plan yet)."""
+    entry = capture(session)
+    if entry is not None:
+        torch_state[KEY] = entry
+    return torch_state
+
+
+def load(session: Session, state_dict: dict[str, Any],
+         torch_load: Callable[[dict[str, Any]], None]) -> None:
+    """The wrapper's load_state_dict(): pending updates applied, the entry checked before
+    torch's state changes (`torch_load`: the optimizer's own load_state_dict), then the run put
+    where the entry says."""
+    session.flush()  # not a pause, as in state_dict()
+    session.hook_gradients()  # the restored plan may be another, or not yet settled
+    entry = state_dict.get(KEY)
+    if entry is not None:
+        validate(session, entry)
+    torch_load({k: v for k, v in state_dict.items() if k != KEY})
+    session.deferred.invalidate()  # torch replaced the state and param-group dicts
+    if session.sharding:  # the slices are cut from the loaded state at the next step
+        session.lifecycle.sharded.loaded()  # type: ignore[union-attr]
+    if entry is not None:
+        restore(session, entry)

@@ -119,8 +119,7 @@ class PlanLifecycle:
         self._last_end: float | None = None
         # While a lossy compressor runs: it, and its wire tensors, which every plan carries.
         self.compressor: CompressedGradients | None = None
-        # shard_optimizer's state, which moves with each plan (Note [The sharded state follows
-        # the plan] in sharded.py); set by the binding.
+        # Set by the binding under shard_optimizer (Note [The sharded state follows the plan]).
         self.sharded: ShardedState | None = None
         self.set_credit(config.credit_bytes)
 
@@ -371,12 +370,12 @@ class PlanLifecycle:
         self.install_local(plan)
 
     def install_local(self, plan: Plan) -> None:
-        scaling = self._scaling
-        sharded = self.sharded
-        run = sharded_plan(plan) if sharded is not None and not is_profiling_plan(plan) else None
-        self._engine.install(plan, scaling.compression, scaling.prescale, scaling.postscale, run)
+        scaling, sharded = self._scaling, self.sharded
+        shard = sharded is not None and not is_profiling_plan(plan)
+        self._engine.install(plan, scaling.compression, scaling.prescale, scaling.postscale,
+                             sharded_plan(plan) if shard else None)
         if sharded is not None:
-            sharded.install(None if run is None else plan)
+            sharded.install(plan if shard else None)
 
     def set_credit(self, nbytes: int) -> None:
         self.credit = nbytes

@@ -80,9 +80,7 @@ class OverlapRunner:
         # until then).
         self._layout = PlanLayout()
         self._bytes_of: dict[tuple[int, ...], int] = {}
-        # shard_optimizer (runtime/sharded.py): the owners updated their slices at step(), the
-        # all-gathers bring parameters, and a group's "update" copies them into place.
-        self.gathers_parameters = False
+        self.gathers_parameters = False  # shard_optimizer: a group's update is a copy
         self._slot_of: dict[int, int] = {}  # tensor id -> slot, for the sharded step
         self._released = 0  # how many of the layout's all-gathers were released this iteration
         self._handles: list[Any] = []
@@ -196,15 +194,12 @@ class OverlapRunner:
     def begin(self, shard_step: Callable[[Callable[[int], torch.Tensor]], None] | None = None
               ) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward.
-
-        `shard_step`, under shard_optimizer, updates this rank's slices now, before the first
-        all-gather is released; it is given the gradient tensor of each tensor id, where the
-        all-gathers pack from."""
+        `shard_step` (shard_optimizer) updates this rank's slices before any all-gather goes,
+        given each tensor id's gradient, where the all-gathers pack from."""
         self._snapshot()
-        self._grads = _C.take_grads(self._layout.taken_params)
+        grads = self._grads = _C.take_grads(self._layout.taken_params)
         if shard_step is not None:
-            grads, slot_of = self._grads, self._slot_of
-            shard_step(lambda tensor_id: grads[slot_of[tensor_id]])
+            shard_step(lambda tensor_id: grads[self._slot_of[tensor_id]])
         self._stamp += 1  # every group and slot is pending (Note [Stamps, not sets])
         self.open = True
         if self._engine.sampling != self._sampled:
@@ -282,9 +277,7 @@ class OverlapRunner:
         timer = UpdateTimer(params) if engine.sampling else None
         grads = self._grads
         if self.gathers_parameters:
-            with torch.no_grad():
-                for param, slot in zip(params, slots, strict=True):
-                    param.copy_(grads[slot])
+            _copy_gathered(params, [grads[s] for s in slots])
         else:
             self._deferred.apply(params, [grads[s] for s in slots], optimizer)
         if timer is not None:
@@ -355,3 +348,10 @@ class OverlapRunner:
             handle.remove()
         self._handles, self._state_hooks = [], []
         registry.unregister_deferring(self)
+
+
+def _copy_gathered(params: list[torch.Tensor], gathered: list[torch.Tensor]) -> None:
+    """A sharded group's update: the parameters the all-gathers brought, copied into place."""
+    with torch.no_grad():
+        for param, value in zip(params, gathered, strict=True):
+            param.copy_(value)

@@ -49,6 +49,7 @@ from .lifecycle import PlanLifecycle
 from .overlap import OverlapRunner
 from .passthrough import PassThrough
 from .release import Resources, release, release_orphans
+from .sharded import ShardedState
 from .sparse import SparseExchange, sparse_parameter_ids
 from .wrap import WrapOptions, make_specs
 
@@ -163,7 +164,7 @@ class Session:
 
     def never_pass_through(self) -> None:
         """Keeps this session stepping through the engine and, under an overlap plan, its
-        runner in a world of one: commsched.bench.overhead measures the runtime's own cost
+        runner in a world of one: benchmarks.harness.overhead measures the runtime's own cost
         this way, as a world with peers pays it."""
         self.hook_gradients()
         self.pass_through.possible = False
@@ -221,20 +222,27 @@ class Session:
         self.flush()
         self.elastic_guard.run(self._reduce)
 
-    def _reduce(self) -> None:
+    def _reduce(self, sharded: ShardedState | None = None) -> None:
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
         self._launch_rest()
-        # Under an overlap plan (synchronize() before a clipped or scaled step) DeAR's
-        # all-gathers would wait for the next forward pass: every gradient is wanted now.
-        self.engine.release_forward_blocks()
+        engine = self.engine
+        if sharded is not None:  # the owners update; the all-gathers then carry parameters
+            params = self.params
+            self.clock.time_update(lambda: sharded.step(
+                engine.reduced_shard, lambda tid: _grad(params[tid]), engine.release), None)
+        else:  # Under an overlap plan (synchronize() before a clipped or scaled step) DeAR's
+            # all-gathers would wait for the next forward pass: every gradient is wanted now.
+            engine.release_forward_blocks()
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         if compressed is not None:
             self._second_round(compressed)
         if self._routed:
             self.sparse.exchange()  # while the engine's thread reduces the dense blocks
-        self.engine.wait()
+        engine.wait()
+        if sharded is not None:
+            sharded.finish()
         if compressed is not None:
             started = _C.now_us()
             compressed.finish(self.binding.lossy_scale)
@@ -264,12 +272,8 @@ class Session:
         self._launch_rest()
         sharded = self.lifecycle.sharded
         runner.gathers_parameters = sharded is not None and sharded.active
-        if sharded is not None and sharded.active:
-            engine = self.engine
-            runner.begin(lambda gradient_of: sharded.step(engine.reduced_shard, gradient_of,
-                                                          None))
-        else:
-            runner.begin()
+        runner.begin(sharded.step_later(self.engine.reduced_shard)
+                     if sharded is not None and sharded.active else None)
         compressed = self.compressed
         if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
             self._second_round(compressed, before_wait=runner.release_for)
@@ -302,22 +306,13 @@ class Session:
 
     def step_sharded(self) -> None:
         """step() with shard_optimizer (runtime/sharded.py): each rank updates its slices
-        between the reduce-scatters and the all-gathers, which then carry parameters."""
-        sharded = self.lifecycle.sharded
-        assert sharded is not None
+        between the reduce-scatters and the all-gathers, which then carry parameters (under
+        dear in the next forward pass: step_deferred)."""
+        if self.defers_updates:
+            return self.step_deferred()
         _activity.now = ("step", time.monotonic(), self.iteration)
-        if self.lifecycle.unsettled:
-            self.lifecycle.settle(self.iteration)
-        self._launch_rest()
-        engine = self.engine
-        params = self.params
-        self.clock.time_update(lambda: sharded.step(
-            engine.reduced_shard, lambda tid: _grad(params[tid]), engine.release), None)
-        engine.wait()
-        sharded.finish()
-        self._end_iteration()
+        self._reduce(self.lifecycle.sharded)
         _activity.now = ("forward", time.monotonic(), self.iteration)
-        self._maybe_pass_through()
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         """The user's optimizer step under a synchronous plan, timed (StepClock.time_update)."""

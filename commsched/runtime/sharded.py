@@ -20,6 +20,7 @@ owner filled in (an all-reduce per state tensor), rare and exact.
 
 from __future__ import annotations
 
+import collections
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -185,6 +186,12 @@ class ShardedState:
             if release is not None:
                 release(block.gather_position)
 
+    def step_later(self, reduced: Callable[[int], torch.Tensor]
+                   ) -> Callable[[Callable[[int], torch.Tensor]], None]:
+        """The step for the overlap runner, which releases the all-gathers in the next forward
+        pass: it calls it with each tensor id's gradient before releasing any."""
+        return lambda gradient_of: self.step(reduced, gradient_of, None)
+
     def _user_step(self) -> None:
         assert self._sub is not None
         step = self._base_cls.step
@@ -279,6 +286,20 @@ class ShardedState:
 
     def _owned(self, tid: int) -> Iterator[tuple[Segment, torch.Tensor]]:
         return ((s, v) for s, v in self._views if s.tensor_id == tid)
+
+
+def whole_state_dict(optimizer: torch.optim.Optimizer, sharded: ShardedState | None,
+                     torch_state_dict: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The optimizer's own state_dict() (`torch_state_dict`), with every rank's slices gathered
+    into it while `sharded` is active: what the plain optimizer loads. Every rank calls it."""
+    if sharded is None or not sharded.active:
+        return torch_state_dict()
+    mine = optimizer.state
+    optimizer.state = collections.defaultdict(dict, {**mine, **sharded.whole_state()})
+    try:
+        return torch_state_dict()
+    finally:
+        optimizer.state = mine
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
