@@ -1,8 +1,9 @@
 """shard_optimizer=True on 2 and 3 Gloo ranks (issue 57, items 1, 2 and 4).
 
-One job per world size trains, for each synchronous policy and each optimizer (SGD with
-momentum and weight decay, Adam, AdamW with two param groups and a StepLR scheduler), the same
-model from the same data twice: sharded and unsharded. The parameters must agree within float
+One job per world size trains, under each synchronous policy and dear with SGD (momentum and
+weight decay), Adam and AdamW (two param groups), and under horovod with torch's other
+element-wise optimizers, always with a StepLR scheduler, the same model from the same data
+twice: sharded and unsharded. The parameters must agree within float
 tolerance, each rank's optimizer state must be about 1/N of the whole, and state_dict() must
 gather the whole state: the unsharded run's, which a plain optimizer loads and which a sharded
 run re-shards and continues from as the unsharded run continues from its own, and bit for bit
@@ -21,7 +22,11 @@ from helpers import distributed_test
 from torch import nn
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "dear")
-OPTIMIZERS = ("sgd", "adam", "adamw")
+# Each policy with the three optimizers users run most; torch's other element-wise ones once.
+CASES = [(policy, name) for policy in POLICIES for name in ("sgd", "adam", "adamw")] + \
+    [("horovod", name) for name in ("rmsprop", "adagrad", "nadam", "radam", "asgd")]
+OTHERS = {"rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad,
+          "nadam": torch.optim.NAdam, "radam": torch.optim.RAdam, "asgd": torch.optim.ASGD}
 STEPS = 7
 PROFILE_STEPS = 2
 
@@ -38,6 +43,8 @@ def _optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3)
     if name == "adam":
         return torch.optim.Adam(params, lr=0.01)
+    if name in OTHERS:
+        return OTHERS[name](params, lr=0.01)
     # Two groups: the biases without weight decay, as users configure AdamW.
     weights = [p for p in params if p.dim() > 1]
     biases = [p for p in params if p.dim() == 1]
@@ -51,21 +58,11 @@ def _loss(model: nn.Module, step: int, rank: int) -> torch.Tensor:
     return nn.functional.mse_loss(model(x), y)
 
 
-def _state_bytes(opt: torch.optim.Optimizer) -> int:
-    """This rank's optimizer state: the user's and, when sharded, the slices'."""
-    session = opt.session  # type: ignore[attr-defined]
-    states = [opt.state]
-    sharded = session.lifecycle.sharded
-    if sharded is not None and sharded.active:
-        states.append(sharded._sub.state)
-    return sum(v.numel() * v.element_size() for state in states for entry in state.values()
-               for v in entry.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-
-
 def _train(policy: str, name: str, shard: bool, rank: int, steps: range = range(STEPS),
            resume: dict[str, Any] | None = None, snapshot_at: int | None = None
            ) -> dict[str, Any]:
     import commsched
+    from commsched.runtime.sharded import state_bytes
 
     model = _model()
     inner = _optimizer(name, model)
@@ -88,7 +85,7 @@ def _train(policy: str, name: str, shard: bool, rank: int, steps: range = range(
         schedule.step()
     opt.flush()  # dear's last all-gathers (state_dict() flushes too)
     out = {"snapshot": snapshot, "params": [p.detach().clone() for p in model.parameters()],
-           "state_bytes": _state_bytes(opt), "state_dict": opt.state_dict(),
+           "state_bytes": state_bytes(opt), "state_dict": opt.state_dict(),
            "model": {k: v.clone() for k, v in model.state_dict().items()},
            "schedule": schedule.state_dict()}
     opt.session.close()
@@ -112,32 +109,31 @@ def _sparse_refusal() -> str:
 def _job() -> dict[str, Any]:
     rank = int(os.environ["RANK"])
     results: dict[str, Any] = {"sparse": _sparse_refusal()}
-    for policy in POLICIES:
-        for name in OPTIMIZERS:
-            plain = _train(policy, name, False, rank)
-            sharded = _train(policy, name, True, rank)
-            # Compared before the resumed runs, which step the loaded tensors in place.
-            state_diff = _state_diff(plain["state_dict"], sharded["state_dict"])
-            plain_loads = _plain_loads(name, sharded["state_dict"])
-            # Resumed from the sharded run's whole state, 3 more steps, against the plain run
-            # resumed from its own.
-            more = range(STEPS, STEPS + 3)
-            more_plain = _train(policy, name, False, rank, more, plain)
-            more_sharded = _train(policy, name, True, rank, more, sharded)
-            # The same plan on both sides (a new run may profile its way to another, and on 3
-            # ranks another plan sums in another order): the run that never stopped saved the
-            # checkpoint the resumed one starts from.
-            straight = _train(policy, name, True, rank, range(STEPS + 3), snapshot_at=STEPS)
-            resumed = _train(policy, name, True, rank, more, straight["snapshot"])
-            results[f"{policy}/{name}"] = {
-                "param_diff": _max_diff(plain["params"], sharded["params"]),
-                "moved": _max_diff(plain["params"], list(_model().parameters())),
-                "resumed_diff": _max_diff(more_plain["params"], more_sharded["params"]),
-                "resume_exact": all(torch.equal(a, b) for a, b in
-                                    zip(straight["params"], resumed["params"], strict=True)),
-                "bytes": (plain["state_bytes"], sharded["state_bytes"]),
-                "state_diff": state_diff, "plain_loads": plain_loads,
-            }
+    for policy, name in CASES:
+        plain = _train(policy, name, False, rank)
+        sharded = _train(policy, name, True, rank)
+        # Compared before the resumed runs, which step the loaded tensors in place.
+        state_diff = _state_diff(plain["state_dict"], sharded["state_dict"])
+        plain_loads = _plain_loads(name, sharded["state_dict"])
+        # Resumed from the sharded run's whole state, 3 more steps, against the plain run
+        # resumed from its own.
+        more = range(STEPS, STEPS + 3)
+        more_plain = _train(policy, name, False, rank, more, plain)
+        more_sharded = _train(policy, name, True, rank, more, sharded)
+        # The same plan on both sides (a new run may profile its way to another, and on 3
+        # ranks another plan sums in another order): the run that never stopped saved the
+        # checkpoint the resumed one starts from.
+        straight = _train(policy, name, True, rank, range(STEPS + 3), snapshot_at=STEPS)
+        resumed = _train(policy, name, True, rank, more, straight["snapshot"])
+        results[f"{policy}/{name}"] = {
+            "param_diff": _max_diff(plain["params"], sharded["params"]),
+            "moved": _max_diff(plain["params"], list(_model().parameters())),
+            "resumed_diff": _max_diff(more_plain["params"], more_sharded["params"]),
+            "resume_exact": all(torch.equal(a, b) for a, b in
+                                zip(straight["params"], resumed["params"], strict=True)),
+            "bytes": (plain["state_bytes"], sharded["state_bytes"]),
+            "state_diff": state_diff, "plain_loads": plain_loads,
+        }
     return results
 
 
