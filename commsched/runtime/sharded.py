@@ -117,6 +117,7 @@ class ShardedState:
         # of the user's class over them, whose `state` is the only copy of the sharded state.
         self._views: list[tuple[Segment, torch.Tensor]] = []
         self._sub: torch.optim.Optimizer | None = None
+        self._block_subs: list[torch.optim.Optimizer] = []  # per block, sharing _sub's state
         self._next: Plan | None = None  # the engine's sharded plan (None: unsharded)
         self._moved = False  # whether _next is new since the last follow_plan()
 
@@ -140,7 +141,7 @@ class ShardedState:
     def loaded(self) -> None:
         """After the optimizer loaded a whole state: the slices are cut from it afresh at the
         next follow_plan() (the old slices, and the old param-group dicts, are dropped)."""
-        self._sub, self._views, self.layout = None, [], ()
+        self._sub, self._block_subs, self._views, self.layout = None, [], [], ()
         self._moved = True
 
     def follow_plan(self) -> bool:
@@ -169,17 +170,17 @@ class ShardedState:
         assert self._sub is not None
         self._snapshots.take()
         views = iter(self._views)
-        for block in self.layout:
+        # Block by block, in the order the reduce-scatters complete: each slice's update runs
+        # while the later reduce-scatters are still on the wire.
+        for block, sub in zip(self.layout, self._block_subs, strict=True):
             shard = reduced(block.reduce_position)
-            for segment in block.segments:
-                _, view = next(views)
+            owned = [next(views) for _ in block.segments]
+            for segment, view in owned:
                 view.grad = shard.narrow(0, segment.shard_offset, segment.numel).view_as(view) \
                     .mul(self._postscale)
-        self._user_step()
-        views = iter(self._views)
-        for block in self.layout:
-            for segment in block.segments:
-                _, view = next(views)
+            if owned:
+                self._user_step(sub)
+            for segment, view in owned:
                 view.grad = None
                 gradient_of(segment.tensor_id).view(-1).narrow(
                     0, segment.offset, segment.numel).copy_(view)
@@ -192,10 +193,9 @@ class ShardedState:
         pass: it calls it with each tensor id's gradient before releasing any."""
         return lambda gradient_of: self.step(reduced, gradient_of, None)
 
-    def _user_step(self) -> None:
-        assert self._sub is not None
+    def _user_step(self, sub: torch.optim.Optimizer) -> None:
         step = self._base_cls.step
-        getattr(step, "__wrapped__", step)(self._sub)  # no step hooks: the user's step() ran them
+        getattr(step, "__wrapped__", step)(sub)  # no step hooks: the user's step() ran them
 
     def finish(self) -> None:
         """After the all-gathers: every parameter takes the values gathered into its gradient,
@@ -215,13 +215,19 @@ class ShardedState:
             self._user.state.clear()
             for p, entry in whole.items():
                 self._user.state[p] = entry
-        self._sub, self._views, self.layout = None, [], ()
+        self._sub, self._block_subs, self._views, self.layout = None, [], [], ()
+        self._snapshots.forget_views()
         if plan is None:
             return
         self.layout = shard_layout(plan, self._world.size, self._world.rank)
         self._views = [(segment, self._param_view(segment)) for block in self.layout
                        for segment in block.segments]
-        self._sub = self._make_sub()
+        self._sub = self._make_sub(self._views)
+        views = iter(self._views)
+        self._block_subs = [self._make_sub([next(views) for _ in block.segments])
+                            for block in self.layout]
+        for sub in self._block_subs:
+            sub.state = self._sub.state  # one state, stepped block by block
         for segment, view in self._views:
             whole_entry = self._user.state.get(self._params[segment.tensor_id])
             if whole_entry:
@@ -233,14 +239,14 @@ class ShardedState:
         p = self._params[segment.tensor_id]
         return p.detach().view(-1).narrow(0, segment.offset, segment.numel)
 
-    def _make_sub(self) -> torch.optim.Optimizer:
+    def _make_sub(self, views: list[tuple[Segment, torch.Tensor]]) -> torch.optim.Optimizer:
         sub = object.__new__(self._base_cls)
-        torch.optim.Optimizer.__init__(sub, [{"params": [v for _, v in self._views] or
+        torch.optim.Optimizer.__init__(sub, [{"params": [v for _, v in views] or
                                               [torch.zeros(0)]}], self._user.defaults)
         adopt_plain_attributes(sub, self._user)
         groups: list[dict[str, Any]] = []
         for index, group in enumerate(self._user.param_groups):
-            members = [v for s, v in self._views
+            members = [v for s, v in views
                        if self._group_of[id(self._params[s.tensor_id])] == index]
             if members:
                 groups.append(ParamGroupView(group, members, self._snapshots, index))
