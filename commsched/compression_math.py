@@ -47,11 +47,11 @@ def orthogonalise_(p: torch.Tensor) -> torch.Tensor:
 
     Note [Why QR, not Gram-Schmidt]
     Gram-Schmidt in torch ops costs about 20 small ops per column and, for the dropped-column
-    test, a host round trip per column (a device synchronisation on a GPU): 3.7-4.3 ms per
-    iteration for the 18 compressed matrices (rank 4) of the built-in Transformer on one CPU
-    core, against 0.5-0.7 ms with one QR each (scripts/powersgd_cost.py). DDP's PowerSGD hook
-    also takes QR above rank 2. Half precision has no QR kernel: its P (n x r, small) goes through
-    float32.
+    test, a host round trip per column (a device synchronisation on a GPU): for the 18
+    compressed matrices (rank 4) of the built-in Transformer on one CPU core, several times what
+    one QR each costs, as scripts/powersgd_cost.py measures (figures:
+    benchmarks/notes/README.md, 'Why QR, not Gram-Schmidt'). DDP's PowerSGD hook also takes QR
+    above rank 2. Half precision has no QR kernel: its P (n x r, small) goes through float32.
     """
     work = p if p.dtype in (torch.float32, torch.float64) else p.float()
     basis, _ = torch.linalg.qr(work)
@@ -99,18 +99,18 @@ def topk_select(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Note [Top-k from a sampled threshold]
-# torch.topk over a whole gradient costs on one CPU core 31 ms per iteration for the built-in
-# Transformer's compressed tensors at 1% (42 ms for the CNN), more than every other step of
-# the compressor together. The k largest are found instead among the entries at or above a
-# threshold: the value that 2k/n of an evenly strided sample reaches, so that about 2k entries
-# pass. When at least k pass, the k largest of all are among them (the k-th largest is then
-# at or above the threshold) and torch.topk over the candidates gives them exactly; when
-# fewer pass (a sample that missed where the large entries are), or the sample holds NaN or
-# inf (an overflowing step, which no threshold would cut), the whole tensor is searched as
+# torch.topk over a whole gradient costs on one CPU core, for the built-in Transformer's and CNN's
+# compressed tensors at 1%, more than every other step of the compressor together (figures:
+# benchmarks/notes/README.md, 'Top-k from a sampled threshold'). The k largest are found instead
+# among the entries at or above a threshold: the value that 2k/n of an evenly strided sample
+# reaches, so that about 2k entries pass. When at least k pass, the k largest of all are among them
+# (the k-th largest is then at or above the threshold) and torch.topk over the candidates gives them
+# exactly; when fewer pass (a sample that missed where the large entries are), or the sample holds
+# NaN or inf (an overflowing step, which no threshold would cut), the whole tensor is searched as
 # before. The same entries either way, up to which of equal magnitudes fill the last places
-# (torch.topk leaves that open too). NaN passes every threshold, as torch.topk ranks it
-# largest. CPU only: on a device, the candidates' count would cost a synchronisation with the
-# host, and the device's topk is fast.
+# (torch.topk leaves that open too). NaN passes every threshold, as torch.topk ranks it largest. CPU
+# only: on a device, the candidates' count would cost a synchronisation with the host, and the
+# device's topk is fast.
 _SAMPLE_STRIDE = 97  # prime: a sample that steps across rows of any common width
 _SAMPLED_FROM = 1 << 16  # below this, one torch.topk is cheap
 

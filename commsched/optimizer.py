@@ -310,10 +310,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Under an overlap plan, step() took every gradient out of p.grad (the runner holds
         # them until their update in the next forward pass), so the zero_grad() of a training
         # loop finds nothing to clear; torch's own still costs a profiler range and a loop over
-        # the parameters (about 20 us of the built-in MLP's 0.72 ms iteration on this project's
-        # CPU). It is left out whenever it could change nothing: no parameter has a gradient
-        # (one C++ pass over the param groups, which stops at the first gradient it finds) and
-        # the optimizer class keeps torch's zero_grad.
+        # the parameters (a few percent of the built-in MLP's iteration on this project's CPU;
+        # figures: benchmarks/notes/README.md, 'zero_grad after a deferred step'). It is left
+        # out whenever it could change nothing: no parameter has a gradient (one C++ pass over
+        # the param groups, which stops at the first gradient it finds) and the optimizer class
+        # keeps torch's zero_grad.
         if self._cs_torch_zero_grad and _C.no_grads(self.param_groups):
             return
         super().zero_grad(set_to_none=set_to_none)

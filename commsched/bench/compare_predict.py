@@ -128,8 +128,9 @@ def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> d
 
     The lowest, because each profile measured the compute under its own candidate's traffic:
     on a machine whose ranks share few cores a candidate's communication threads slow its
-    forward and backward (the 2-rank CNN's bytescheduler profile gave a floor of 236.9 ms and
-    dear's own 221.2 ms, where dear measured 221.3 ms), and a floor must hold for all of them."""
+    forward and backward (the 2-rank CNN's bytescheduler profile gave a floor well above the
+    time dear measured, and dear's own profile one just under it; figures:
+    benchmarks/notes/README.md, 'add_floor'), and a floor must hold for all of them."""
     from ..sim import profile_from_document
     from .validate import floor_summary
 

@@ -4,7 +4,8 @@ ByteScheduler in the overlap benchmark).
 Each commsched candidate plans from its own profile, measured under its own traffic and at its
 own moments of the run, so two candidates whose planners agree on every profile still run
 slightly different plans, and their medians differ by the run's noise (a few percent here, where
-one step's time varies by about 10%). Two figures separate the planners from that:
+one step's time varies by more: the p10 and p90 columns of benchmarks/overlap/README.md). Two
+figures separate the planners from that:
 
 * both planners on the same profiles (every uncompressed overlap candidate's, as the run
   ended), simulated alike: they differ only where their rules do, and an identical plan says

@@ -3,8 +3,9 @@ the job's rounds.
 
 Note [Resampling whole rounds]
 A report judges some ratios against a target (`auto` within 2% of the fastest candidate, prophet
-within 2% of bytescheduler), and on this project's machines one step's time varies by 10-30%, so
-a ratio of two medians moves by a few percent between runs of the same code. The report prints,
+within 2% of bytescheduler), and on this project's machines one step's time varies by several
+times that (the p10 and p90 columns of the reports under benchmarks/), so a ratio of two medians
+moves by a few percent between runs of the same code. The report prints,
 beside each judged ratio, the interval it covers in 90% of resampled runs: each draw picks the
 job's rounds with replacement, the same rounds for every candidate (the candidates of a round ran
 side by side, so a slow phase of the machine stays shared), and computes the ratio from each

@@ -100,20 +100,21 @@ def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Bloc
 # Note [The block that opens the backward]
 # The iteration's first block waits, on every rank but the last to get there, for the latest
 # rank to start its backward, and its service time holds that wait. On 3 ranks sharing 2 cores
-# the wait is tens of milliseconds: 42-45 ms for the CNN's first block (a 48-byte bias), where
-# 2 ranks wait under 2 ms. Every all-reduce plan's own run charges that wait to an all-reduce
-# (bytescheduler's first block, 40 bytes: 33 ms). Under dear the forward's all-gathers line the
-# ranks up, and its first reduce-scatter took 7 ms. When the profiling steps opened with a
-# reduce-scatter, that one sample held most of the reduce-scatter fit's time (its other blocks:
-# 1.4 MB in 66 ms). The fit came out 2.4x dear's own, and auto predicted dear 1.29x
-# bytescheduler, where it measured 0.94x (benchmarks/sim_validation/cnn-1gbit-3ranks of
-# 2026-11-25). Re-fitted from those profiles with the wait moved to the all-reduce, dear was
-# predicted 0.90x bytescheduler.
+# the wait for the CNN's first block (a 48-byte bias) is far longer than on 2 ranks, and far
+# longer than the block's transfer. Every all-reduce plan's own run charges that wait to an
+# all-reduce (bytescheduler's first block, 40 bytes). Under dear the forward's all-gathers line
+# the ranks up, and its first reduce-scatter waited much less. When the profiling steps opened
+# with a reduce-scatter, that one sample held most of the reduce-scatter fit's time. The fit
+# came out more than twice dear's own, and auto predicted dear well behind bytescheduler, where
+# it measured ahead of it (the simulator-validation job of 2026-11-25, cnn-1gbit-3ranks).
+# Re-fitted from those profiles with the wait moved to the all-reduce, dear was predicted ahead
+# of bytescheduler too (figures: benchmarks/notes/README.md, 'The block that opens the
+# backward').
 # This mends the first block only. Any block that follows a large block of another collective
 # holds a wait of the same kind: a large collective ends at different times on the ranks, and
 # the next block, on the rank that finished first, waits for the others to launch it (2 ranks:
-# 3-13 ms after the 4 MB pair and the 8 MB all-reduce of the CNN). The general mend belongs to
-# the fit (runtime/collective_fit.py), not to this plan.
+# the blocks after the 4 MB pair and the 8 MB all-reduce of the CNN). The general mend belongs
+# to the fit (runtime/collective_fit.py), not to this plan.
 
 
 def _block_numel(block: Block) -> int:

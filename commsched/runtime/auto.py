@@ -47,14 +47,15 @@ TOLERANCE = 0.20
 # step waits for the one before it, and a synchronous plan's every step waits for its own.
 # Counted, that step is the window's fastest by the traffic it skipped, and the window's median
 # moves down by one rank, a bias towards every overlap plan: unshaped, 2 ranks, the built-in
-# CNN, `auto`'s trial windows read bytescheduler 8 MiB at 35.5 ms against mgwfbp's 37.2, and
-# the benchmark's rounds, which leave out each round's first step for this reason
-# (bench/compare.py), read 42.5 (bytescheduler) and 38.9 (mgwfbp); `auto` kept bytescheduler in
-# two runs of two and ended 1.022x and 1.069x the fastest. So every window lets its first
+# CNN, `auto`'s trial windows read bytescheduler 8 MiB faster than mgwfbp, and the benchmark's
+# rounds, which leave out each round's first step for this reason (bench/compare.py), read the
+# opposite order; `auto` kept bytescheduler in two runs of two and ended outside the benchmarks'
+# tolerance of the fastest both times (figures: benchmarks/notes/README.md, 'A window's first
+# step pays for no traffic'). So every window lets its first
 # UNTIMED_STEPS steps pass untimed, under every plan alike (the choice's check too, whose first
 # period also held the simulation of every candidate: the lifecycle re-plans after taking the
-# time). In the next run the same windows read bytescheduler 38.5-45.0 ms, `auto` kept mgwfbp
-# and ran 0.991x the fastest (benchmarks/unshaped).
+# time). In the next run (benchmarks/unshaped/README.md) `auto` kept mgwfbp and ran within the
+# tolerance of the fastest.
 UNTIMED_STEPS = 1
 
 

@@ -47,13 +47,14 @@ class UpdateTimer:
 # which holds only forward, loss and the start of backward while training runs iteration after
 # iteration. Where the training loop stops between two of them (an evaluation, a checkpoint, a
 # benchmark's other candidates between its rounds), it holds the pause too: in a 2-rank run of
-# the overlap benchmark's candidates, 1 sampled iteration in 15 had 5.4-5.6 s there, against
-# about 0.1 s for the others, on both ranks. One such iteration moves a median of the 7 or 8 kept
-# iterations a whole rank up. flush(), which such a loop calls to apply what is still deferred,
-# marks the pause: the next iteration's compute before its first gradient is not measured, and
-# its profiler row says so (-1), so the world's compute (world_profile.py) leaves it out. Only
-# the user's own flush() does: synchronize() flushes within an iteration, and state_dict() is
-# called by some loops every step, whose compute would then never be measured.
+# the overlap benchmark's candidates, 1 sampled iteration in 15 had dozens of times the others'
+# time there, on both ranks (figures: benchmarks/notes/README.md, 'A pause is not compute'). One
+# such iteration moves a median of the 7 or 8 kept iterations a whole rank up. flush(), which
+# such a loop calls to apply what is still deferred, marks the pause: the next iteration's
+# compute before its first gradient is not measured, and its profiler row says so (-1), so the
+# world's compute (world_profile.py) leaves it out. Only the user's own flush() does:
+# synchronize() flushes within an iteration, and state_dict() is called by some loops every
+# step, whose compute would then never be measured.
 
 
 class StepClock:

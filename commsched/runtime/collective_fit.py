@@ -38,12 +38,13 @@ def fit_alpha_beta(samples: list[tuple[int, float]], fallback: NetModel = DEFAUL
 # channel was busy, but one by one they mislead a least-squares line:
 # * blocks in flight together (credit) split their shared time unevenly: the first to finish
 #   takes the whole overlap, the next one only its tail (3 ranks at 1 Gbit/s: 8 MiB blocks
-#   at a median of 175 ms, where one at a time they take 266 ms);
+#   in flight together took a median well under what one takes alone);
 # * a small block's time includes the wait for the slowest rank to arrive, which inflates the
 #   start-up cost, and after an idle gap a token-bucket-shaped link sends the first bytes at
 #   memory speed (Note [The bucket's free burst] in scripts/netem.sh);
-# so the line came out too flat for bulk transfers: 30 of 35 predictions of the simulator
-# validation were short, by 8.6% in the median. `fit_collective` keeps what stays right:
+# so the line came out too flat for bulk transfers: most predictions of the simulator
+# validation were short (figures: benchmarks/notes/README.md, 'Fitting a collective's cost').
+# `fit_collective` keeps what stays right:
 # the start-up cost is at most the lower quartile of the smaller half of the blocks (a quick
 # small block: no late peer, no block ahead of it) and at most least squares' own, and the
 # per-byte cost is what makes the samples' total come out as measured, so a plan's predicted
@@ -59,14 +60,16 @@ def fit_alpha_beta(samples: list[tuple[int, float]], fallback: NetModel = DEFAUL
 # the latest rank to launch it (the collective starts only then), and now and then that wait
 # is far longer than the transfer. On a plan of a few large blocks this hardly matters; on one
 # of many small blocks it decides the fit. The CNN's PowerSGD rank-4 plans send 127 KB per
-# iteration, about 1 ms at 1 Gbit/s; under `mgwfbp` one 40-byte block took 159 ms in one
-# iteration and 0.4-19 ms in the others, and the fit over every sample charged each byte
-# 482 ns (the link's is 8). Re-simulated from the profiles kept by six runs (2 ranks, CNN and
-# Transformer, 1 Gbit/s, plus the CNN on 3 ranks), 31 compressed predictions went from 6.0%
-# error in the median and 19% at worst to 4.0% and 14%; 23 uncompressed ones from 2.0% and
-# 6% to 2.0% and 8%. Medians are taken per position in the plan, over the iterations that ran
-# the same blocks (same sizes in the same order: the same plan); the blocks of another plan in
-# the window (auto's profiling steps, a re-plan) follow with their own medians.
+# iteration, a millisecond's worth at 1 Gbit/s; under `mgwfbp` one 40-byte block took far
+# longer than that in one iteration and much less in the others, and the fit over every sample
+# charged each byte dozens of times the link's cost. Re-simulated from the profiles kept by six
+# runs (2 ranks, CNN and Transformer, 1 Gbit/s, plus the CNN on 3 ranks), the compressed
+# predictions' median and worst error came down clearly, while the uncompressed ones kept their
+# median error and their worst grew a little (figures: benchmarks/notes/README.md, 'A
+# collective's cost is its typical iteration's). Medians are taken per position in the plan,
+# over the iterations that ran the same blocks (same sizes in the same order: the same plan);
+# the blocks of another plan in the window (auto's profiling steps, a re-plan) follow with their
+# own medians.
 
 
 def fit_collective(samples: list[tuple[int, float]], fallback: NetModel = DEFAULT_NET) -> NetModel:

@@ -136,10 +136,11 @@ class CompressedGradients:
         views (m x r, column-major) and ``self.q_wire`` the r x m tensors the engine reduces.
         P = M Q then reads Q column-major and Q^T = P^T M writes rows, the layouts a BLAS
         library's kernels for a thin factor prefer: on one CPU core (MKL) the two products
-        cost 2.1 ms per iteration for the built-in Transformer's 18 compressed matrices
-        against 12.2 ms with Q row-major (M^T P into m x r, as DDP's PowerSGD hook does), and
-        2.0 against 15.4 ms for the CNN (scripts/powersgd_cost.py). The same products (to
-        rounding), the same wire size; the checkpoint keeps Q as an m x r matrix."""
+        cost several times less per iteration, for the built-in Transformer's 18 compressed
+        matrices and for the CNN's, than with Q row-major (M^T P into m x r, as DDP's PowerSGD
+        hook does), as scripts/powersgd_cost.py measures (figures: benchmarks/notes/README.md,
+        'Q is kept transposed'). The same products (to rounding), the same wire size; the
+        checkpoint keeps Q as an m x r matrix."""
         assert isinstance(self.lossy, PowerSGD)
         lossy = self.lossy
         self.q = [initial_q(matrix_shape(p.shape)[1], lossy.rank_for(p.shape), seed=i,

@@ -56,23 +56,23 @@ from .world_profile import gather_critical, with_world_compute, world_document
 log = logging.getLogger("commsched")
 
 # Note [Planning from the steady state]
-# The profiling steps are the run's first iterations: warm-up (a Transformer's backward took 4x
-# its steady time for about ten steps here), and the ready times of their latest half are two or
-# three of them. Plans that pack what is ready when the channel frees (ByteScheduler, Prophet,
-# MG-WFBP) change with those ready times: at 1 Gbit/s on 2 ranks, Prophet's plan made from the
-# profiling steps, simulated on its own end-of-run profile, was predicted 233.9 ms on the CNN and
-# 421.2 ms on the Transformer, and the plan made from that end profile 225.6 and 400.1 ms. So
-# the policy re-plans once more after REFINE_STEPS iterations of its own plan, every one of them
-# sampled, so that the latest half of the profiler's window holds only its own plan's iterations
-# past their first two. `auto` does the same for the plan it keeps after its trials (the same
-# policy with the same knobs, from the window restarted when it kept it). With the refinement
-# the gap between the installed plan and the one made from the end profile came to 0.2%
-# (Prophet) and 0.9% (ByteScheduler) on the CNN, 2.9% and
-# 0.3% on the Transformer. The network stays the one fitted on the profiling steps, where blocks
-# of every size ran one at a time (Note [Profiling one block at a time]): a policy's own blocks
-# are few sizes in flight together and fit worse (Note [Fitting a collective's cost] in
-# collective_fit.py). The refinement costs one more gathering of the profile and one more plan,
-# in a job's first seconds.
+# The profiling steps are the run's first iterations: warm-up (a Transformer's backward took
+# several times its steady time for about ten steps here), and the ready times of their latest
+# half are two or three of them. Plans that pack what is ready when the channel frees
+# (ByteScheduler, Prophet, MG-WFBP) change with those ready times: at 1 Gbit/s on 2 ranks,
+# Prophet's plan made from the profiling steps, simulated on its own end-of-run profile, was
+# predicted several percent slower, on the CNN and on the Transformer, than the plan made from
+# that end profile. So the policy re-plans once more after REFINE_STEPS iterations of its own
+# plan, every one of them sampled, so that the latest half of the profiler's window holds only
+# its own plan's iterations past their first two. `auto` does the same for the plan it keeps
+# after its trials (the same policy with the same knobs, from the window restarted when it kept
+# it). With the refinement the gap between the installed plan and the one made from the end
+# profile came to a few percent at most, for Prophet and ByteScheduler on both models (figures:
+# benchmarks/notes/README.md, 'Planning from the steady state'). The network stays the one
+# fitted on the profiling steps, where blocks of every size ran one at a time (Note [Profiling
+# one block at a time]): a policy's own blocks are few sizes in flight together and fit worse
+# (Note [Fitting a collective's cost] in collective_fit.py). The refinement costs one more
+# gathering of the profile and one more plan, in a job's first seconds.
 REFINE_STEPS = 10
 
 # Note [Profiling one block at a time]
@@ -81,8 +81,9 @@ REFINE_STEPS = 10
 # be timed, and blocks in flight together share the link: the engine's service time
 # (completion minus the later of launch and the previous completion) then splits their shared
 # time unevenly, between blocks and between collectives. With the configured 16 MiB credit,
-# `auto`'s profile of the 3-rank CNN timed a 4 MiB all-gather at 118 ms that takes 40 ms
-# alone, and `auto` ranked `dear` last where it measured fastest. The policy's plan gets its
+# `auto`'s profile of the 3-rank CNN timed a 4 MiB all-gather at several times what it takes
+# alone, and `auto` ranked `dear` last where it measured fastest (figures:
+# benchmarks/notes/README.md, 'Profiling one block at a time'). The policy's plan gets its
 # credit (the configured one, or the one `auto` chose) when it is installed.
 PROFILING_CREDIT = 1
 

@@ -29,9 +29,10 @@ class ModuleProfile:
     # collectives are the latest half of the sampled iterations, or the settled plan's, and
     # module times the latest half of theirs). Recorded only in the profiling
     # steps, they were warm-up figures that varied from run to run: the built-in Transformer's
-    # modules summed to 61-92 ms over 2-rank profiles of one job at 1 Gbit/s (53 ms alone at
-    # steady state), and a longer sum moves every deadline later, so the floor of one run's
-    # profiles spread over 316-350 ms. So the runner also records them in the forward passes
+    # modules summed to well over their steady-state time, by varying amounts, over 2-rank
+    # profiles of one job at 1 Gbit/s, and a longer sum moves every deadline later, so the floor
+    # of one run's profiles spread widely (figures: benchmarks/notes/README.md, 'Module times at
+    # steady state'). So the runner also records them in the forward passes
     # the profiler samples under an overlap plan, and a module's time leaves out what the
     # runner's own hooks spent inside it (`excluded_s`: waits for blocks, updates; the profile
     # counts those elsewhere, as before_first_ready_s does).

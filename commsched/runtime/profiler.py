@@ -257,8 +257,9 @@ class Profiler:
     def profile(self) -> Profile:
         """Median ready time per tensor over the latest half of the recorded iterations (the
         whole window once the plan has settled: `steady`): the first iterations are warm-up
-        (allocations; a Transformer's backward took 4x its steady time for about ten steps
-        here), and a re-plan late in a run should see the present."""
+        (allocations; a Transformer's backward took several times its steady time for about
+        ten steps here: Note [Planning from the steady state] in lifecycle.py), and a re-plan
+        late in a run should see the present."""
         rows = self._describing(self.ready_samples)
         if not rows:
             return Profile()

@@ -11,22 +11,22 @@ from .engine import EngineHandle
 # iteration for SAMPLED_CLOSELY iterations, so that the profile describes the plan that runs
 # (what a report, a benchmark's prediction or a written profile reads), then every
 # SAMPLE_EVERY_LATER-th: a recorded iteration costs its figures' reading and the profiler's
-# Python, and on a small model that is no longer small (the built-in MLP at 0.7 ms per iteration,
-# a world of one, bytescheduler: 1.138x the plain optimizer sampling every 4th iteration, 1.102x
-# every 64th, 1.099x never, medians of one interleaved run). PyTorch DDP samples its runtime
-# statistics every 100th iteration for the same reason (kDDPRuntimeLoggingSampleRate).
+# Python, and on a small model that is no longer small (the built-in MLP in a world of one,
+# under bytescheduler: sampling every 4th iteration cost several percent of the iteration more
+# than sampling every 64th, which cost hardly more than sampling none). PyTorch DDP samples its
+# runtime statistics every 100th iteration for the same reason (kDDPRuntimeLoggingSampleRate).
 # When the plan settles, the profiler's window starts afresh at the next recorded iteration
 # (Profiler.restart_window): `auto`'s trial windows, each a plan of its own and all of them
 # recorded, otherwise filled half the window a benchmark's end-of-run profile reads (the 3-rank
-# CNN at 1 Gbit/s: its compute before the first gradient 127.1 ms against 97.9 ms under the
-# plan it kept, and the simulator's prediction of that plan 24.8% long). That restarted window is
-# the settled plan's past its warm-up from its first iteration, so its profile is made from all
-# of it (Profiler.steady), where other windows use their latest half: a benchmark's end-of-run
-# profile holds about 15 sampled iterations, and a median of the latest 7 moves with one slow
-# iteration. The compute before the first gradient read 155 ms for dear on the 2 Gbit/s
-# Transformer, against 104-137 ms for the other candidates of that job, and its prediction was
-# the simulator validation's worst (13.7% long); iteration by iteration, the later rank's
-# figure ranged over 96-149 ms in a re-run of dear there.
+# CNN at 1 Gbit/s: its compute before the first gradient read far longer than under the plan it
+# kept, and the simulator's prediction of that plan came out far too long). That restarted
+# window is the settled plan's past its warm-up from its first iteration, so its profile is made
+# from all of it (Profiler.steady), where other windows use their latest half: a benchmark's
+# end-of-run profile holds about 15 sampled iterations, and a median of the latest 7 moves with
+# one slow iteration. The compute before the first gradient read longer for dear on the 2 Gbit/s
+# Transformer than for any other candidate of that job, and its prediction was the simulator
+# validation's worst (too long); iteration by iteration, the later rank's figure ranged widely
+# in a re-run of dear there (figures: benchmarks/notes/README.md, 'Sampling the profile').
 SAMPLE_EVERY = 4
 SAMPLED_CLOSELY = 64
 SAMPLE_EVERY_LATER = 64

@@ -27,17 +27,19 @@ T = TypeVar("T")
 # equals, rank 0 where nothing was timed). Plans, `auto` and the benchmarks' predictions are made
 # from its profile, with the compute of Note [Every rank's gradients]. Re-simulated from the
 # profiles of every rank kept by six runs (2 ranks, CNN and Transformer at 1 Gbit/s, and the CNN on
-# 3 ranks): the CNN's PowerSGD plans predicted 7-8% high from rank 0's under `horovod` and `prophet`
-# came within 2-5%, and 31 compressed predictions stayed within 14% (median 5%), 23 uncompressed
-# ones within 8% (median 3%).
+# 3 ranks): the CNN's PowerSGD plans, predicted high from rank 0's profile under `horovod` and
+# `prophet`, came within a few percent, and the compressed and uncompressed predictions alike
+# stayed within a few percent in the median (figures: benchmarks/notes/README.md, 'The rank the
+# others wait for').
 #
 # Note [Every rank's gradients]
 # A gradient's collective cannot start before the last rank has that gradient, and which rank
 # is last changes from one iteration to the next: on 2 ranks sharing 2 cores a Transformer's
-# backward took a median of 198 ms on rank 0 and 209 ms on rank 1, while the later of the two,
-# iteration by iteration, took a median of 217 ms. A profile of one rank, even the slower one,
-# misses that difference, and the simulator charged it nowhere: 33 of 35 predictions of the
-# simulator validation were short (median 3.4%, worst 13.7%). So the profile that plans and
+# backward took a little longer on one rank than on the other in the median, while the later of
+# the two, iteration by iteration, took longer in the median than either (figures:
+# benchmarks/notes/README.md, 'Every rank's gradients'). A profile of one rank, even the slower
+# one, misses that difference, and the simulator charged it nowhere: nearly all predictions of
+# the simulator validation were short. So the profile that plans and
 # predicts takes each gradient's ready time as the median over the sampled iterations of the
 # latest time, over the ranks, at which it was ready, counted from the end of the previous
 # step() (the compute before the first gradient plus the time since it; the end of step() is

@@ -166,22 +166,21 @@ class FittedNetwork:
 
 # Note [No faster than the link's bulk rate]
 # The blocks' fitted service times can add up to less than the link needs for an iteration's
-# bytes. On 3 ranks at 1 Gbit/s (125 MB/s shared by the ranks' traffic on the shaped loopback)
-# one all-reduce of every CNN gradient measured 416 ms, while the fits of dear's profile gave
-# its reduce-scatters and all-gathers, the same bytes on the wire, 366-374 ms in all: dear was
-# predicted 7-17% short in five runs. The service times of the rank the others wait for
+# bytes. On 3 ranks at 1 Gbit/s (the link's rate shared by the ranks' traffic on the shaped
+# loopback) one all-reduce of every CNN gradient measured longer than the fits of dear's profile
+# gave, in all, its reduce-scatters and all-gathers, the same bytes on the wire: dear was
+# predicted short in each of five runs. The service times of the rank the others wait for
 # (runtime/world_profile.py) start when it launches, after the earlier ranks' first chunks
 # already sit in its sockets' buffers, and a block after an idle gap rides the token bucket's
 # burst (scripts/netem.sh): either shortens one block, neither adds bandwidth over an
 # iteration. Single blocks do beat the bulk rate, so a per-block floor is wrong (it predicted
-# the 3-rank ddp and mgwfbp 10% long, where their fits were right, and dear 16% long); where
+# the 3-rank ddp and mgwfbp long, where their fits were right, and dear longer still); where
 # the bulk rate was measured, the whole iteration's collectives are slowed by one factor until
 # they take their wire bytes at that rate, and no more. Re-simulated from the inputs the
-# validation keeps (benchmarks/sim_validation/*/predict/), dear's 3-rank error went from -13.4%
-# to -2.6% (and in two earlier runs from -7% and -13% to +4% and -3%), its 2-rank errors from
-# -2% to -1% and from -13% to -12%, and over all 35 predictions the median from 3.5% to 3.0%
-# and the worst from 13.4% to 11.9%; one moved away from its measurement, by 0.6 points (the
-# 2-rank CNN's ddp, +1.2% to +1.8%).
+# validation keeps (benchmarks/sim_validation/*/predict/), dear's 3-rank error shrank to a few
+# percent, its 2-rank errors shrank too, and over all 35 predictions the median and the worst
+# error came down; one prediction moved away from its measurement, by under a point (the 2-rank
+# CNN's ddp; figures: benchmarks/notes/README.md, 'No faster than the link's bulk rate').
 
 
 @dataclass(frozen=True)

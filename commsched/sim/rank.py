@@ -35,11 +35,12 @@ KNOB_GRID: dict[str, dict[str, tuple[int, ...]]] = {
 # after it, so with the configured 16 MiB credit up to sixteen 1 MiB partitions of later layers
 # can be committed ahead of a block the next forward pass waits for. The benchmarks'
 # partitioning candidates run a credit of two partitions (one on the wire, one staged); `auto`'s
-# bytescheduler 1 MiB with the configured credit measured 374.9 ms against that candidate's
-# 362.0 on the 2-rank Transformer at 1 Gbit/s (benchmarks/overlap of 2026-11-25), `auto` then
-# 1.036x the fastest. So a partitioning policy's candidate carries CREDIT_PARTITIONS x its
-# partition size as its credit; the simulator cannot rank credits (above), so `auto` does not
-# search them.
+# bytescheduler 1 MiB with the configured credit measured slower than that candidate on the
+# 2-rank Transformer at 1 Gbit/s (the overlap benchmark's run of 2026-11-25), which left `auto`
+# outside the benchmarks' tolerance of the fastest (figures: benchmarks/notes/README.md,
+# 'Credit follows the partition'). So a partitioning policy's candidate carries
+# CREDIT_PARTITIONS x its partition size as its credit; the simulator cannot rank credits
+# (above), so `auto` does not search them.
 CREDIT_PARTITIONS = 2
 
 # Planners that read the network model; the others' plans can be cached across networks.
