@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ..plan import Plan
 from ..plan.sharding import BlockShard, Segment, shard_layout
 from ..world import World
+from ..world.errors import without_backtrace
 from .deferred import HyperParameterSnapshots, ParamGroupView, adopt_plain_attributes
 
 
@@ -267,16 +268,20 @@ class ShardedState:
             entry = self._sub.state.get(view)
             if entry and segment.tensor_id not in mine:
                 mine[segment.tensor_id] = {k: _describe(v, view) for k, v in entry.items()}
-        described: dict[int, dict[str, Any]] = {}
-        for theirs in self._world.all_gather_object(mine):
-            for tid, entry in theirs.items():
-                described.setdefault(tid, entry)
-        whole: dict[torch.Tensor, dict[str, Any]] = {}
-        for tid in sorted(described):
-            p = self._params[tid]
-            whole[p] = {key: self._gather(tid, key, kind) for key, kind in
-                        described[tid].items()}
-        return whole
+        try:
+            described: dict[int, dict[str, Any]] = {}
+            for theirs in self._world.all_gather_object(mine):
+                for tid, entry in theirs.items():
+                    described.setdefault(tid, entry)
+            return {self._params[tid]: {key: self._gather(tid, key, kind) for key, kind in
+                                        described[tid].items()} for tid in sorted(described)}
+        except RuntimeError as err:
+            raise self._world.fail(
+                "commsched: with shard_optimizer=True, state_dict() gathers every rank's slices "
+                "of the optimizer state, and a rank did not take part within COMMSCHED_TIMEOUT: "
+                "call state_dict() on every rank (as DeepSpeed's save_checkpoint and FSDP's "
+                f"optim_state_dict require), and save on rank 0 ({without_backtrace(err)})"
+            ) from None
 
     def _gather(self, tid: int, key: str, kind: Any) -> Any:
         if kind[0] != "slice":

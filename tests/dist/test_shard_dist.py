@@ -178,3 +178,35 @@ def test_sharded_training_matches_unsharded(world: int) -> None:
             # The slices of one rank: 1/N of the whole plus the padding of each block.
             assert mine <= whole / world * 1.05 + 64, (rank, case, whole, mine)
             assert mine > 0, (rank, case)
+
+
+def _state_dict_on_rank_0_only() -> str:
+    """Rank 0 asks for the state alone; rank 1 waits past the timeout without asking."""
+    import time
+
+    import commsched
+
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters(),
+                                         profile_steps=1, shard_optimizer=True)
+    rank = int(os.environ["RANK"])
+    for step in range(3):
+        opt.zero_grad()
+        _loss(model, step, rank).backward()
+        opt.step()
+    if rank == 1:
+        time.sleep(7)
+        return "waited"
+    try:
+        opt.state_dict()
+    except commsched.RankFailureError as err:
+        return str(err)
+    return "no error"
+
+
+def test_state_dict_on_one_rank_names_the_cause() -> None:
+    results = distributed_test(_state_dict_on_rank_0_only, world_size=2, timeout=60.0,
+                               env={"COMMSCHED_TIMEOUT": "3"})
+    assert results[1] == "waited"
+    assert "call state_dict() on every rank" in results[0], results[0]
