@@ -115,7 +115,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             MismatchError: the ranks built different plans (compared before a new plan's first
                 collective).
         """
-        if self.session.sharding:
+        if self.session.sharded is not None:
             raise RuntimeError(_SHARDED_SYNCHRONIZE)
         self._cs_synchronize()
 
@@ -263,8 +263,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         # Not a pause: some loops save every step (Note [A pause is not compute]).
         self.session.flush()
-        sharded = self.session.lifecycle.sharded if self.session.sharding else None
-        return checkpoint.save(self.session, whole_state_dict(self, sharded, super().state_dict))
+        return checkpoint.save(self.session,
+                               whole_state_dict(self, self.session.sharded, super().state_dict))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads your optimizer's state, and the plan and iteration in its ``commsched`` entry.

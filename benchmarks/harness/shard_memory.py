@@ -21,29 +21,25 @@ import json
 import resource
 import sys
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import commsched
+from commsched.bench.compare import make_optimizer, zero_redundancy
 from commsched.bench.models import MODEL_CHOICES, batch, build, loss_fn, model_name
 from commsched.runtime.sharded import state_bytes
 from commsched.torch_compat import ddp_kwargs
 
 MODES = ("plain", "sharded", "torch-zero")
-ADAM: dict[str, Any] = {"lr": 1e-4}
 
 
 def _wrap(mode: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
-    if mode == "torch-zero":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
+    if mode == "torch-zero":  # compare's torch-zero candidate
         ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False))
-        return ddp, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
-                                            **ADAM)
-    opt = commsched.DistributedOptimizer(torch.optim.Adam(model.parameters(), **ADAM),
+        return ddp, zero_redundancy("adam", model)
+    opt = commsched.DistributedOptimizer(make_optimizer("adam", model),
                                          named_parameters=model.named_parameters(),
                                          policy="dear", model=model, profile_steps=0,
                                          shard_optimizer=mode == "sharded")

@@ -59,12 +59,14 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 ZERO = "torch-zero"  # DDP with torch's ZeroRedundancyOptimizer (whole parameters, broadcast)
 
 
-def _optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+    """Every candidate's optimizer (OPTIMIZERS[kind]) over `model`'s parameters."""
     cls, settings = OPTIMIZERS[kind]
     return cls(model.parameters(), **settings)
 
 
-def _zero_redundancy(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+def zero_redundancy(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+    """The same optimizer as torch's ZeroRedundancyOptimizer: each rank owns whole parameters."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     cls, settings = OPTIMIZERS[kind]
@@ -96,7 +98,7 @@ def make_candidates(name: AnyModel, wanted: list[str], batch_size: int,
         if label in ("hvd", HVD_FP16):
             hvd = import_horovod(f"the benchmark candidate {label!r} is Horovod's own "
                                  "DistributedOptimizer,")
-            opt = hvd.DistributedOptimizer(_optimizer(optimizer, model),
+            opt = hvd.DistributedOptimizer(make_optimizer(optimizer, model),
                                            named_parameters=model.named_parameters(),
                                            compression=hvd.Compression.fp16 if label == HVD_FP16
                                            else hvd.Compression.none)
@@ -106,16 +108,16 @@ def make_candidates(name: AnyModel, wanted: list[str], batch_size: int,
                                                         **ddp_powersgd_kwargs(powersgd))
             if powersgd is not None:
                 register_ddp_powersgd(model, powersgd)
-            opt = (_zero_redundancy if label == ZERO else _optimizer)(optimizer, model)
+            opt = (zero_redundancy if label == ZERO else make_optimizer)(optimizer, model)
         elif label == LOCAL:
-            opt = _optimizer(optimizer, model)
+            opt = make_optimizer(optimizer, model)
         else:
             policy, knobs = parse_candidate(label)
             predicted = predict
             if profile_dir:
                 knobs["profile"] = os.path.join(profile_dir, f"candidate{index}.json")
             compression, knobs = split_compression(knobs)
-            opt = commsched.DistributedOptimizer(_optimizer(optimizer, model),
+            opt = commsched.DistributedOptimizer(make_optimizer(optimizer, model),
                                                  named_parameters=model.named_parameters(),
                                                  compression=compression, policy=policy,
                                                  model=model, **knobs)

@@ -158,7 +158,7 @@ def load(session: Session, state_dict: dict[str, Any],
         validate(session, entry)
     torch_load({k: v for k, v in state_dict.items() if k != KEY})
     session.deferred.invalidate()  # torch replaced the state and param-group dicts
-    if session.sharding:  # the slices are cut from the loaded state at the next step
-        session.lifecycle.sharded.loaded()  # type: ignore[union-attr]
+    if session.sharded is not None:  # the slices are cut from the loaded state at the next step
+        session.sharded.loaded()
     if entry is not None:
         restore(session, entry)

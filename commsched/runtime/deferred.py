@@ -15,6 +15,7 @@ LR scheduler may already have moved on when the deferred update runs) and writes
 
 from __future__ import annotations
 
+import collections
 import operator
 import weakref
 from collections.abc import Callable, Sequence
@@ -146,16 +147,29 @@ def block_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Opt
                     ) -> torch.optim.Optimizer:
     """An instance of `base_cls` that steps only `params`, sharing `user`'s state and groups."""
     wanted = {id(p) for p in params}
+    return grouped_optimizer(base_cls, user, [[p for p in group["params"] if id(p) in wanted]
+                                              for group in user.param_groups],
+                             snapshots, user.state)
+
+
+def grouped_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer,
+                      members: list[list[torch.Tensor]], snapshots: HyperParameterSnapshots,
+                      state: collections.defaultdict[torch.Tensor, Any]
+                      ) -> torch.optim.Optimizer:
+    """An instance of `base_cls` that steps `members[i]` with the hyper-parameters of `user`'s
+    param group i (views of it, refreshed by `snapshots`) and keeps its state in `state`: a
+    subset of the user's parameters (block_optimizer), or slices of them (runtime/sharded.py).
+    """
     sub = object.__new__(base_cls)
-    torch.optim.Optimizer.__init__(sub, [{"params": list(params)}], user.defaults)
+    params = [p for group in members for p in group]
+    # torch refuses an optimizer of no parameters; a rank may own no slice of a plan at all.
+    torch.optim.Optimizer.__init__(sub, [{"params": params or [torch.zeros(0)]}], user.defaults)
     adopt_plain_attributes(sub, user)
-    sub.state = user.state
-    views = []
-    for index, group in enumerate(user.param_groups):
-        members = [p for p in group["params"] if id(p) in wanted]
-        if members:
-            views.append(ParamGroupView(group, members, snapshots, index))
-    sub.param_groups = list[dict[str, Any]](views)
+    sub.state = state
+    sub.param_groups = [ParamGroupView(group, group_members, snapshots, index)
+                        for index, (group, group_members)
+                        in enumerate(zip(user.param_groups, members, strict=True))
+                        if group_members]
     return sub
 
 

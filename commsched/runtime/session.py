@@ -292,17 +292,15 @@ class Session:
         self._maybe_pass_through()
 
     @property
-    def sharding(self) -> bool:
-        """Whether shard_optimizer runs here (a bound world of more than one rank)."""
-        return self.bound and self.lifecycle.sharded is not None
+    def sharded(self) -> ShardedState | None:
+        """shard_optimizer's state where it runs (a bound world of more than one rank)."""
+        return self.lifecycle.sharded if self.bound else None
 
     def sharded_now(self) -> bool:
         """Whether this step() updates slices: sharding, under a policy's plan (the profiling
         steps are not sharded). Moves the state to a new plan's slices first."""
-        if not self.sharding or self.passthrough:
-            return False
-        sharded = self.lifecycle.sharded
-        return sharded is not None and sharded.follow_plan()
+        sharded = self.sharded
+        return sharded is not None and not self.passthrough and sharded.follow_plan()
 
     def step_sharded(self) -> None:
         """step() with shard_optimizer (runtime/sharded.py): each rank updates its slices
@@ -311,7 +309,7 @@ class Session:
         if self.defers_updates:
             return self.step_deferred()
         _activity.now = ("step", time.monotonic(), self.iteration)
-        self._reduce(self.lifecycle.sharded)
+        self._reduce(self.sharded)
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:

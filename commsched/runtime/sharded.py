@@ -30,9 +30,10 @@ import torch.distributed as dist
 
 from ..plan import Plan
 from ..plan.sharding import BlockShard, Segment, shard_layout
+from ..torch_compat import unhooked_step
 from ..world import World
 from ..world.errors import without_backtrace
-from .deferred import HyperParameterSnapshots, ParamGroupView, adopt_plain_attributes
+from .deferred import HyperParameterSnapshots, grouped_optimizer
 
 
 def _elementwise_classes() -> frozenset[type]:
@@ -103,8 +104,9 @@ class ShardedState:
 
     def __init__(self, base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer,
                  params: list[torch.Tensor], world: World, postscale: float) -> None:
-        check_shardable(base_cls)
         self._base_cls = base_cls
+        # No step hooks: the user's step() ran them (torch_compat.unhooked_step).
+        self._step = unhooked_step(base_cls)
         # Weakly, as the deferred updates hold it (Note [a dropped optimizer releases its
         # engine] in release.py).
         self._user_ref = weakref.ref(user)
@@ -180,7 +182,7 @@ class ShardedState:
                 view.grad = shard.narrow(0, segment.shard_offset, segment.numel).view_as(view) \
                     .mul(self._postscale)
             if owned:
-                self._user_step(sub)
+                self._step(sub)
             for segment, view in owned:
                 view.grad = None
                 gradient_of(segment.tensor_id).view(-1).narrow(
@@ -194,9 +196,6 @@ class ShardedState:
         pass: it calls it with each tensor id's gradient before releasing any."""
         return lambda gradient_of: self.step(reduced, gradient_of, None)
 
-    def _user_step(self, sub: torch.optim.Optimizer) -> None:
-        step = self._base_cls.step
-        getattr(step, "__wrapped__", step)(sub)  # no step hooks: the user's step() ran them
 
     def finish(self) -> None:
         """After the all-gathers: every parameter takes the values gathered into its gradient,
@@ -223,12 +222,11 @@ class ShardedState:
         self.layout = shard_layout(plan, self._world.size, self._world.rank)
         self._views = [(segment, self._param_view(segment)) for block in self.layout
                        for segment in block.segments]
-        self._sub = self._make_sub(self._views)
+        self._sub = self._make_sub(self._views, collections.defaultdict(dict))
         views = iter(self._views)
-        self._block_subs = [self._make_sub([next(views) for _ in block.segments])
-                            for block in self.layout]
-        for sub in self._block_subs:
-            sub.state = self._sub.state  # one state, stepped block by block
+        # One state, stepped block by block.
+        self._block_subs = [self._make_sub([next(views) for _ in block.segments],
+                                           self._sub.state) for block in self.layout]
         for segment, view in self._views:
             whole_entry = self._user.state.get(self._params[segment.tensor_id])
             if whole_entry:
@@ -240,19 +238,14 @@ class ShardedState:
         p = self._params[segment.tensor_id]
         return p.detach().view(-1).narrow(0, segment.offset, segment.numel)
 
-    def _make_sub(self, views: list[tuple[Segment, torch.Tensor]]) -> torch.optim.Optimizer:
-        sub = object.__new__(self._base_cls)
-        torch.optim.Optimizer.__init__(sub, [{"params": [v for _, v in views] or
-                                              [torch.zeros(0)]}], self._user.defaults)
-        adopt_plain_attributes(sub, self._user)
-        groups: list[dict[str, Any]] = []
-        for index, group in enumerate(self._user.param_groups):
-            members = [v for s, v in views
-                       if self._group_of[id(self._params[s.tensor_id])] == index]
-            if members:
-                groups.append(ParamGroupView(group, members, self._snapshots, index))
-        sub.param_groups = groups
-        return sub
+    def _make_sub(self, views: list[tuple[Segment, torch.Tensor]],
+                  state: collections.defaultdict[torch.Tensor, Any]
+                  ) -> torch.optim.Optimizer:
+        """The user's optimizer class over `views`, each in its parameter's param group."""
+        members: list[list[torch.Tensor]] = [[] for _ in self._user.param_groups]
+        for segment, view in views:
+            members[self._group_of[id(self._params[segment.tensor_id])]].append(view)
+        return grouped_optimizer(self._base_cls, self._user, members, self._snapshots, state)
 
     # -- the whole state ----------------------------------------------------------------------
 
