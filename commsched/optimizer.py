@@ -227,7 +227,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return session.deferred.base_step(self, closure)
         if session.binding.elastic and session.elastic_guard.state_step:  # Horovod's state sync
             return super().step(closure)
-        if session.sharded_now():  # Note [The sharded state follows the plan]
+        # Note [The sharded state follows the plan]; the knob first, so that other runs make
+        # no call more per step.
+        if session.config.shard_optimizer and session.sharded_now():
             if not protocol.reduces or closure is not None:
                 raise RuntimeError(_SHARDED_STEP)
             return session.step_sharded()
