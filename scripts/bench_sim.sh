@@ -13,7 +13,11 @@
 # made from, so that a change to the fit or the simulator can be checked on these runs) and
 # README.md. REPORT_ONLY=1 rebuilds README.md from the
 # results already there (after scripts/bench_compression_speed.sh re-ran, whose runs its last
-# section validates), running nothing.
+# section validates), running nothing. PARTS (default "policies sharded") chooses what runs; a
+# part left out is reported from its results already there. "sharded": shard_optimizer (issue
+# 57, item 6) with Adam at SHARDED_RATE (1gbit), the CNN and the Transformer on 2 ranks and the
+# CNN on 3: each synchronous policy and dear sharded, beside unsharded horovod and dear, and
+# `auto` sharded; written to benchmarks/sim_validation/sharded-<model>-<rate>[-3ranks].
 set -euo pipefail
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -21,10 +25,14 @@ RATES="${RATES:-1gbit 2gbit}"
 THREE_RANKS_RATE="${THREE_RANKS_RATE:-1gbit}"  # the rate at which the CNN also runs on 3 ranks
 OUT="${OUT:-benchmarks/sim_validation}"
 CANDIDATES="local (no comm),hvd,commsched:horovod,commsched:ddp,commsched:mgwfbp,commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB,commsched:auto"
+PARTS="${PARTS:-policies sharded}"
+SHARDED_RATE="${SHARDED_RATE:-1gbit}"
+SHARDED_CANDIDATES="commsched:horovod,commsched:horovod?shard_optimizer=1,commsched:ddp?shard_optimizer=1,commsched:mgwfbp?shard_optimizer=1,commsched:dear?fusion_threshold=4MiB,commsched:dear?fusion_threshold=4MiB&shard_optimizer=1,commsched:auto?shard_optimizer=1"
+runs() { [ "${REPORT_ONLY:-0}" != 1 ] && [[ " $PARTS " == *" $1 "* ]]; }
 trap 'scripts/netem.sh down' EXIT
 results=()
 for rate in $RATES; do
-  [ "${REPORT_ONLY:-0}" = 1 ] || scripts/netem.sh up "$rate"
+  runs policies && scripts/netem.sh up "$rate"
   specs=("cnn 64 2" "transformer 8 2")
   [ "$rate" = "$THREE_RANKS_RATE" ] && specs+=("cnn 64 3")
   for spec in "${specs[@]}"; do
@@ -32,12 +40,25 @@ for rate in $RATES; do
     dir="$OUT/$1-$rate"
     [ "$3" = 2 ] || dir="$dir-$3ranks"
     results+=("$dir/results.json")
-    [ "${REPORT_ONLY:-0}" = 1 ] && continue
+    runs policies || continue
     scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
       --model "$1" --batch-size "$2" --rounds "${ROUNDS:-8}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
       --predict-dir "$dir/predict" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | rank0_stdout
   done
+done
+sharded=()
+runs sharded && scripts/netem.sh up "$SHARDED_RATE"
+for spec in "cnn 64 2" "transformer 8 2" "cnn 64 3"; do
+  set -- $spec
+  dir="$OUT/sharded-$1-$SHARDED_RATE"
+  [ "$3" = 2 ] || dir="$dir-$3ranks"
+  sharded+=("$dir/results.json")
+  runs sharded || continue
+  scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
+    --model "$1" --batch-size "$2" --rounds "${ROUNDS:-8}" --steps 8 --warmup 28 --optimizer adam \
+    --memory --candidates "$SHARDED_CANDIDATES" --predict-dir "$dir/predict" \
+    --link-note "loopback shaped to $SHARDED_RATE" --out "$dir" 2>&1 | rank0_stdout
 done
 {
   echo "# Simulator validation: predicted vs measured iteration time, 2 ranks (and 3 on the CNN at $THREE_RANKS_RATE)"
@@ -54,6 +75,17 @@ done
     echo
     .venv/bin/python -m benchmarks.harness.sim_validation "${compressed[@]}"
   fi
-  for r in "${results[@]}"; do d="$(dirname "$r")"; echo; sed 's/^# /## /' "$d/results.md"; done
+  if [ -e "${sharded[0]}" ]; then
+    echo
+    echo "## Sharded runs"
+    echo
+    echo "\`shard_optimizer=True\` (docs/sharding.md) with Adam at $SHARDED_RATE, \`PARTS=sharded scripts/bench_sim.sh\`: each sharded plan simulated from its own run's profile, whose \`update_shards\` says its updates were of slices (sim/sharded.py: the sharded plan's reduce-scatters and all-gathers, one optimizer call per block on 1/N of it), beside the unsharded horovod and dear of the same job; target: within 15%."
+    echo
+    .venv/bin/python -m benchmarks.harness.sim_validation "${sharded[@]}"
+  fi
+  for r in "${results[@]}" "${sharded[@]}"; do
+    d="$(dirname "$r")"; [ -e "$d/results.md" ] || continue
+    echo; sed 's/^# /## /' "$d/results.md"
+  done
 } > "$OUT/README.md"
 echo "bench_sim: wrote $OUT/README.md" >&2

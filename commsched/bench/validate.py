@@ -10,6 +10,7 @@ from typing import Any
 from ..compression import LossyCompression
 from ..config import Policy
 from ..plan import Collective, NetModel, Plan
+from ..plan.sharding import sharded_plan
 from ..sim import FittedNetwork, Mode, Network, SimResult, profile_from_document, simulate
 from ..sim.channel import at_bulk_rate
 from ..sim.compressed import compress_run, with_shapes
@@ -35,17 +36,20 @@ def predict(document: dict, plan: Plan, policy: Policy,
             lossy: LossyCompression | None = None,
             shapes: dict[str, tuple[int, ...]] | None = None,
             allreduce_all_ms: float | None = None) -> SimResult:
-    """predict_ms's whole simulated iteration."""
+    """predict_ms's whole simulated iteration; sharded (simulate's `shards`) where the
+    profile's updates were (a shard_optimizer run's: its `update_shards`)."""
     mode = Mode.OVERLAP if policy.overlaps_iterations else Mode.SYNC
     fitted = FittedNetwork.from_document(document)
     run = profile_from_document(with_shapes(document, shapes or {}))
     compressed = compress_run(run, lossy, fitted.world_size) if lossy is not None else None
     wired = compressed.run if compressed is not None else run
+    shards = run.update_shards
     net: Network = fitted
     if allreduce_all_ms and run.total_bytes > 0:
         bulk = bulk_seconds_per_wire_byte(fitted, run.total_bytes, allreduce_all_ms / 1e3)
-        net = at_bulk_rate(wired, plan, fitted, bulk)
-    return simulate(wired, plan, net, mode, compressor=compressed.compute if compressed else None)
+        net = at_bulk_rate(wired, sharded_plan(plan) if shards > 1 else plan, fitted, bulk)
+    return simulate(wired, plan, net, mode, compressor=compressed.compute if compressed else None,
+                    shards=shards)
 
 
 def floor_summary(document: dict, allreduce_all_ms: float | None = None) -> dict[str, Any]:

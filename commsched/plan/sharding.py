@@ -23,6 +23,12 @@ from dataclasses import dataclass
 
 from .types import Block, Collective, Plan, Stage
 
+# The policies whose plans run sharded: all-reduces (each becomes a reduce-scatter, and an
+# all-gather released at step()) or DeAR's pairs (its all-gather still released in the next
+# forward pass). ByteScheduler's and Prophet's partitions, whose all-reduces run on across the
+# next forward pass, are not sharded yet. `auto` under shard_optimizer chooses among these.
+SHARDABLE_POLICIES = ("horovod", "ddp", "mgwfbp", "dear")
+
 
 @dataclass(frozen=True)
 class Segment:

@@ -100,14 +100,15 @@ class AutoState:
         return self.choices[self.current] if self.choices else None
 
     def choose(self, document: dict, cfg: Config, overlap_allowed: bool,
-               compressed: CompressedRun | None = None) -> Ranked:
-        """`compressed`: the user's lossy compressor runs, and every candidate carries it
-        (`auto` never compresses on its own, nor drops what the user asked for)."""
+               compressed: CompressedRun | None = None, shards: int = 1) -> Ranked:
+        """`compressed`: the user's lossy compressor runs, and every candidate carries it;
+        `shards` > 1: shard_optimizer runs, and every candidate is sharded (`auto` never
+        compresses or shards on its own, nor drops what the user asked for)."""
         from ..sim import FittedNetwork, profile_from_document, rank_candidates
 
         run = profile_from_document(document)
         ranked = prefer_synchronous(rank_candidates(run, FittedNetwork.from_document(document),
-                                                    cfg, overlap_allowed, compressed))
+                                                    cfg, overlap_allowed, compressed, shards))
         if not ranked:
             raise RuntimeError("commsched: policy 'auto' found no plan to simulate")
         self.start(ranked, cfg.auto_trials)

@@ -86,15 +86,13 @@ class WorldBinding:
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
         if config.shard_optimizer and world.size > 1:
-            if self.elastic or self.routed:
+            if self.routed:  # an elastic job refused sharding at wrap time (elastic.py)
                 raise ValueError(
                     "commsched: shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER) does not run "
-                    + ("in an elastic job yet: its state would have to move to the re-formed "
-                       "world's slices" if self.elastic else
-                       f"with sparse gradients ({self.routed[0][0]!r}) yet: pass "
-                       "sparse_as_dense=True to reduce them as dense ones"))
+                    f"with sparse gradients ({self.routed[0][0]!r}) yet: pass "
+                    "sparse_as_dense=True to reduce them as dense ones")
             self.lifecycle.sharded = ShardedState(self.base_cls, self.deferred.user, self.params,
-                                                  world, postscale)
+                                                  world, postscale, self.engine)
 
     def start(self, iteration: int) -> None:
         """After bind(), with the iteration the world agreed on: the compressor and the plan

@@ -88,6 +88,16 @@ class StepClock:
             engine.profiler.note_update(nbytes, seconds)
         return result
 
+    def time_sharded(self, step: Callable[[], float]) -> None:
+        """A sharded step() (runtime/sharded.py): `step` returns the seconds its updates took,
+        which the profile keeps as step_s; the rest of its span waited for reduce-scatters."""
+        started = _C.now_us()
+        busy_s = step()
+        self.step_ended()
+        self._engine.span("update", started)
+        if self._engine.sampling:
+            self._engine.profiler.note("step_s", busy_s)
+
     def pause(self) -> None:
         """Note [A pause is not compute]."""
         self.step_end_us = -1

@@ -25,6 +25,11 @@ def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
     if options.process_set is not None:
         raise ValueError("commsched: process_set= in an elastic Horovod job is not supported: "
                          "its ranks are re-numbered when the world is re-formed")
+    if config.shard_optimizer:
+        raise ValueError("commsched: shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER) does not "
+                         "run in an elastic Horovod job yet: each rank holds the optimizer "
+                         "state of its slices only, which would be lost with a worker and would "
+                         "have to move to the re-formed world's slices; leave it off there")
     if options.lossy is not None:
         raise ValueError("commsched: PowerSGD and top-k keep per-rank error-feedback state "
                          "that an elastic Horovod job cannot re-form after losing a worker; "

@@ -268,7 +268,8 @@ class PlanLifecycle:
         lone = self._world.size == 1
         cfg = dataclasses.replace(self._config, auto_trials=0) if lone else self._config
         self.auto.choose(document, cfg, self._runner is not None and not lone,
-                         self._run_of(document)[1])
+                         self._run_of(document)[1],
+                         1 if self.sharded is None else self._world.size)
         self.write_profile(document)
         self._install_choice()
         # Note [Trials of steady plans]: the trials' plans come from the choice's own window.
@@ -332,10 +333,8 @@ class PlanLifecycle:
         """The profile as the simulator reads it; under a lossy compressor, with the wire
         tensors this run sends (their exact layout, not one guessed from the profile)."""
         run = profile_from_document(document)
-        if self.compressor is None:
-            return run, None
-        compressed = self.compressor.simulated(run)
-        return compressed.run, compressed
+        compressed = None if self.compressor is None else self.compressor.simulated(run)
+        return (run, None) if compressed is None else (compressed.run, compressed)
 
     # -- profile ------------------------------------------------------------------------------
 
@@ -348,19 +347,19 @@ class PlanLifecycle:
 
     def profile_document(self) -> dict:
         """This rank's profile as the JSON document of docs/profile.md."""
-        runner = self._runner
+        runner, sharded = self._runner, self.sharded
         modules = runner.modules if runner else None
         return profile_document(self._specs, self._engine.profiler, self._world.size,
                                 modules.order if modules else [], modules.times if modules else {},
-                                runner.first_users() if runner else None)
+                                runner.first_users() if runner else None,
+                                self._world.size if sharded and sharded.active else 1)
 
     def write_profile(self, document: dict | None = None) -> None:
         path = self._config.profile
-        if not path or self._world.rank != 0:
-            return
-        doc = document if document is not None else self.profile_document()
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, indent=1)
+        if path and self._world.rank == 0:
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(self.profile_document() if document is None else document, handle,
+                          indent=1)
 
     # -- installing ---------------------------------------------------------------------------
 

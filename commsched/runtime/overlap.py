@@ -191,15 +191,16 @@ class OverlapRunner:
 
     # -- step ---------------------------------------------------------------------------------
 
-    def begin(self, shard_step: Callable[[Callable[[int], torch.Tensor]], None] | None = None
+    def begin(self, shard_step: Callable[[Callable[[int], torch.Tensor]], float] | None = None
               ) -> None:
         """Called by step(): everything is launched; the updates wait for the next forward.
         `shard_step` (shard_optimizer) updates this rank's slices before any all-gather goes,
-        given each tensor id's gradient, where the all-gathers pack from."""
+        given each tensor id's gradient, where the all-gathers pack from; it returns the
+        seconds its updates took."""
         self._snapshot()
         grads = self._grads = _C.take_grads(self._layout.taken_params)
-        if shard_step is not None:
-            shard_step(lambda tensor_id: grads[self._slot_of[tensor_id]])
+        if shard_step is not None:  # its updates are this step()'s (the profile's step_s)
+            self._update_us += int(1e6 * shard_step(lambda tid: grads[self._slot_of[tid]]))
         self._stamp += 1  # every group and slot is pending (Note [Stamps, not sets])
         self.open = True
         if self._engine.sampling != self._sampled:
@@ -273,8 +274,8 @@ class OverlapRunner:
             self._decompress(slots)
         engine = self._engine
         # Timed only when the profiler keeps this iteration; device events on CUDA (Note
-        # [Which clock]).
-        timer = UpdateTimer(params) if engine.sampling else None
+        # [Which clock]). A sharded group's copy is no optimizer call: its time is the forward's.
+        timer = UpdateTimer(params) if engine.sampling and not self.gathers_parameters else None
         grads = self._grads
         if self.gathers_parameters:
             _copy_gathered(params, [grads[s] for s in slots])
@@ -282,7 +283,7 @@ class OverlapRunner:
             self._deferred.apply(params, [grads[s] for s in slots], optimizer)
         if timer is not None:
             engine.profiler.note_update(nbytes, timer.stop())
-        self._update_us += _C.now_us() - started
+        self._update_us += 0 if self.gathers_parameters else _C.now_us() - started
         if engine.timeline:
             engine.span("update", started, tensors=len(slots))
         if not layout.disjoint:

@@ -301,8 +301,11 @@ def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]
 
 def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size: int,
                      module_order: Sequence[str], module_times: dict[str, list[float]],
-                     first_users: dict[int, str] | None = None) -> dict:
-    """The JSON written to COMMSCHED_PROFILE; the schema is documented in docs/profile.md."""
+                     first_users: dict[int, str] | None = None, update_shards: int = 1
+                     ) -> dict:
+    """The JSON written to COMMSCHED_PROFILE; the schema is documented in docs/profile.md.
+    `update_shards`: the ranks each update was divided among (shard_optimizer) in the window
+    it describes."""
     profile = profiler.profile()
     users = first_users or {}
     tensors = [{"id": s.tensor_id, "name": s.name, "numel": s.numel, "dtype": s.dtype,
@@ -321,7 +324,8 @@ def profile_document(specs: Sequence[TensorSpec], profiler: Profiler, world_size
     update = profiler.update_cost()
     if update is not None:
         compute.update({"update_fixed_s": update.alpha, "update_per_byte_s": update.beta})
-    return {"schema_version": PROFILE_SCHEMA_VERSION, "world_size": world_size,
+    shards = {"update_shards": update_shards} if update_shards > 1 else {}
+    return {"schema_version": PROFILE_SCHEMA_VERSION, "world_size": world_size, **shards,
             "iterations": profiler.iterations, "compute": compute, "tensors": tensors,
             "modules": modules, "collectives": collectives,
             "clocks": {**profiler.clocks, **({"module_forward_s": CPU} if modules else {})}}

@@ -229,8 +229,8 @@ class Session:
         engine = self.engine
         if sharded is not None:  # the owners update; the all-gathers then carry parameters
             params = self.params
-            self.clock.time_update(lambda: sharded.step(
-                engine.reduced_shard, lambda tid: _grad(params[tid]), engine.release), None)
+            self.clock.time_sharded(lambda: sharded.step(
+                engine.reduced_shard, lambda tid: _grad(params[tid]), engine.release))
         else:  # Under an overlap plan (synchronize() before a clipped or scaled step) DeAR's
             # all-gathers would wait for the next forward pass: every gradient is wanted now.
             engine.release_forward_blocks()

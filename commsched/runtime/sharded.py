@@ -23,17 +23,22 @@ from __future__ import annotations
 import collections
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from .. import _C
 from ..plan import Plan
-from ..plan.sharding import BlockShard, Segment, shard_layout
+from ..plan.sharding import SHARDABLE_POLICIES, BlockShard, Segment, shard_layout
 from ..torch_compat import unhooked_step
 from ..world import World
 from ..world.errors import without_backtrace
+from .clock import UpdateTimer
 from .deferred import HyperParameterSnapshots, grouped_optimizer
+
+if TYPE_CHECKING:
+    from .engine import EngineHandle
 
 
 def _elementwise_classes() -> frozenset[type]:
@@ -68,9 +73,6 @@ def check_shardable(base_cls: type[torch.optim.Optimizer]) -> None:
             "optimizer with a global norm need whole parameters")
 
 
-SHARDED_POLICIES = ("horovod", "ddp", "mgwfbp", "dear")
-
-
 def check_sharding_allowed(policy: str, base_cls: type[torch.optim.Optimizer],
                            compressed: bool, process_set: Any) -> None:
     """What shard_optimizer=True runs with, checked at wrap time.
@@ -88,10 +90,10 @@ def check_sharding_allowed(policy: str, base_cls: type[torch.optim.Optimizer],
     """
     check_shardable(base_cls)
     knob = "shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER)"
-    if policy not in SHARDED_POLICIES:
-        raise ValueError(f"commsched: {knob} runs under {', '.join(SHARDED_POLICIES)} so far "
-                         f"(the all-gathers at step(), or in the next forward pass under dear), "
-                         f"not policy '{policy}'")
+    if policy not in (*SHARDABLE_POLICIES, "auto"):
+        raise ValueError(f"commsched: {knob} runs under {', '.join(SHARDABLE_POLICIES)} and "
+                         "auto (choosing among them) so far (the all-gathers at step(), or in "
+                         f"the next forward pass under dear), not policy '{policy}'")
     if compressed:
         raise ValueError(f"commsched: {knob} cannot run with compression: the all-gathers "
                          "carry parameters, which a cast or a lossy compressor would alter")
@@ -103,8 +105,10 @@ class ShardedState:
     """The optimizer state of this rank's slices, and the sharded step that updates them."""
 
     def __init__(self, base_cls: type[torch.optim.Optimizer], user: torch.optim.Optimizer,
-                 params: list[torch.Tensor], world: World, postscale: float) -> None:
+                 params: list[torch.Tensor], world: World, postscale: float,
+                 engine: EngineHandle) -> None:
         self._base_cls = base_cls
+        self._engine = engine  # whose profiler times each slice's update
         # No step hooks: the user's step() ran them (torch_compat.unhooked_step).
         self._step = unhooked_step(base_cls)
         # Weakly, as the deferred updates hold it (Note [a dropped optimizer releases its
@@ -159,7 +163,7 @@ class ShardedState:
 
     def step(self, reduced: Callable[[int], torch.Tensor],
              gradient_of: Callable[[int], torch.Tensor],
-             release: Callable[[int], None] | None) -> None:
+             release: Callable[[int], None] | None) -> float:
         """Updates this rank's slices and hands the updated parameters to the all-gathers.
 
         Args:
@@ -169,29 +173,42 @@ class ShardedState:
                 parameter, where the all-gather packs from and unpacks to.
             release: release(position) -> launches the all-gather at that plan position; None
                 where the caller releases them later (DeAR's, in the next forward pass).
+
+        Returns:
+            The seconds the updates took, waits for the reduce-scatters excluded (the
+            profile's step_s: one optimizer call per block, each timed for the profile's
+            cost of a call where the profiler keeps this iteration).
         """
         assert self._sub is not None
         self._snapshots.take()
         views = iter(self._views)
+        busy_us, sampling = 0, self._engine.sampling
         # Block by block, in the order the reduce-scatters complete: each slice's update runs
         # while the later reduce-scatters are still on the wire.
         for block, sub in zip(self.layout, self._block_subs, strict=True):
             shard = reduced(block.reduce_position)
+            started = _C.now_us()
             owned = [next(views) for _ in block.segments]
             for segment, view in owned:
                 view.grad = shard.narrow(0, segment.shard_offset, segment.numel).view_as(view) \
                     .mul(self._postscale)
             if owned:
+                timer = UpdateTimer([owned[0][1]]) if sampling else None
                 self._step(sub)
+                if timer is not None:
+                    self._engine.profiler.note_update(
+                        sum(v.numel() * v.element_size() for _, v in owned), timer.stop())
             for segment, view in owned:
                 view.grad = None
                 gradient_of(segment.tensor_id).view(-1).narrow(
                     0, segment.offset, segment.numel).copy_(view)
+            busy_us += _C.now_us() - started
             if release is not None:
                 release(block.gather_position)
+        return busy_us / 1e6
 
     def step_later(self, reduced: Callable[[int], torch.Tensor]
-                   ) -> Callable[[Callable[[int], torch.Tensor]], None]:
+                   ) -> Callable[[Callable[[int], torch.Tensor]], float]:
         """The step for the overlap runner, which releases the all-gathers in the next forward
         pass: it calls it with each tensor id's gradient before releasing any."""
         return lambda gradient_of: self.step(reduced, gradient_of, None)

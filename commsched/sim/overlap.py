@@ -14,6 +14,10 @@ tensors no module claimed are applied. Then loss and the start of backward take 
 before_first_ready_s after the forward, and the gradients follow at their ready times; the
 backward-stage blocks of this iteration run while the next forward runs.
 
+Sharded (shard_optimizer, sim/sharded.py): step() updates this rank's slice of each block as its
+reduce-scatter completes, and the next forward's group updates are copies of the gathered
+parameters, not charged.
+
 `with_update_groups` chooses a plan's groups (plan/update_groups.py) from the block completion
 times this simulation predicts.
 """
@@ -28,6 +32,7 @@ from ..plan.update_groups import per_module_groups, plan_update_groups
 from .channel import BlockTimes, Channel, SimEvent, block_positions, block_times
 from .network import Network
 from .profile import RunProfile
+from .sharded import ShardStep
 from .timing import CompressorCompute, ComputeTimes, compute_times
 
 
@@ -88,8 +93,10 @@ def groups_of(run: RunProfile, plan: Plan, needs: dict[int, int]) -> tuple[Updat
 
 
 def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: ComputeTimes,
-                iterations: int, compressor: CompressorCompute | None = None
+                iterations: int, compressor: CompressorCompute | None = None,
+                shard_steps: Sequence[ShardStep] = ()
                 ) -> tuple[list[float], list[SimEvent], Channel]:
+    """`plan` as it runs (under sharding, the sharded plan, with its `shard_steps`)."""
     channel = Channel(plan, blocks.durations)
     needs = completing_blocks(plan, compressor.carriers if compressor else None)
     gathers = blocks.forward
@@ -109,6 +116,10 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     # DeAR: step() releases the all-gathers up to the last one of the first round it waits for.
     last_gather = max((gather_index[p] for p in waited if p in gather_index), default=-1)
     released_at_step = gathers[:last_gather + 1]
+
+    def update(nbytes: int) -> float:  # a sharded group's update is a copy
+        return 0.0 if shard_steps else compute.update.time(nbytes)
+
     starts = [0.0]
     events: list[SimEvent] = []
     for k in range(iterations):
@@ -122,14 +133,14 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
                 if group.wait_for in gather_index:
                     fwd.release_through(gather_index[group.wait_for] + 1)
                 fwd.wait_until(channel.done_at(group.wait_for), name or "(root)")
-                fwd.busy(compute.update.time(sum(nbytes[t] for t in group.tensor_ids)), "update")
+                fwd.busy(update(sum(nbytes[t] for t in group.tensor_ids)), "update")
             fwd.busy(own, name or "(root)")
         if overlapped:
             fwd.release_through(len(gathers))
             fwd.wait_until(channel.all_done(), "end of forward")
             left = [t for t in needs if t not in grouped]
             if left:
-                fwd.busy(compute.update.time(sum(nbytes[t] for t in left)), "update")
+                fwd.busy(update(sum(nbytes[t] for t in left)), "update")
         fwd.busy(rest, "loss, backward start")
         first = fwd.t
         channel.reset()
@@ -140,6 +151,9 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
         fwd.busy(last_ready, "backward")
         if compressor is not None:
             _second_round(fwd, compressor.seconds, released_at_step, waited, after)
+        for step in shard_steps:  # step() updates the slices before releasing any all-gather
+            fwd.wait_until(channel.done_at(step.reduce_position), "step")
+            fwd.busy(step.update_s, "update")
         events = fwd.events
         starts.append(fwd.t)  # step() returns at once: the next iteration starts here
     return starts, events, channel

@@ -70,6 +70,9 @@ class RunProfile:
     update_per_byte_s: float | None = None
     # Training-thread time per iteration of a lossy compressor (a compressed run's profile).
     compression_s: float | None = None
+    # The ranks the optimizer's state and update were divided among (shard_optimizer): step_s
+    # is then one rank's updates of its slices.
+    update_shards: int = 1
 
     @property
     def has_module_info(self) -> bool:
@@ -245,7 +248,8 @@ def profile_from_document(doc: dict, source: str = "profile") -> RunProfile:
                       _collectives(r, doc.get("collectives")), source,
                       r.seconds(compute, "update_fixed_s", "compute."),
                       r.seconds(compute, "update_per_byte_s", "compute."),
-                      r.seconds(compute, "compression_s", "compute."))
+                      r.seconds(compute, "compression_s", "compute."),
+                      r.integer(doc, "update_shards", "", minimum=1, required=False) or 1)
 
 
 def builtin_path(name: str) -> Path:

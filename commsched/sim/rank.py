@@ -8,6 +8,7 @@ from typing import Any
 
 from ..config import Config, Policy, load_config
 from ..plan import NetModel, Plan, TensorSpec, make_plan
+from ..plan.sharding import SHARDABLE_POLICIES
 from .compressed import CompressedRun
 from .network import Network
 from .overlap import with_update_groups
@@ -129,36 +130,51 @@ class PlanCache:
         return plan
 
 
-def allowed_policies(run: RunProfile, overlap_allowed: bool) -> list[Policy]:
+def allowed_policies(run: RunProfile, overlap_allowed: bool, sharded: bool = False
+                     ) -> list[Policy]:
+    """The planned policies a wrapper may run: the overlap ones only where allowed and
+    simulable, and under shard_optimizer only those whose plans run sharded."""
     return [p for p in planned_policies()
-            if not p.overlaps_iterations or (overlap_allowed and run.has_module_info)]
+            if (not p.overlaps_iterations or (overlap_allowed and run.has_module_info))
+            and (not sharded or p.value in SHARDABLE_POLICIES)]
 
 
 def evaluate(cache: PlanCache, policies: list[Policy], net: Network,
-             tune: bool = True) -> list[Ranked]:
+             tune: bool = True, shards: int = 1) -> list[Ranked]:
     """Every (policy, knobs) candidate simulated on `net`, fastest first; ties go to the
     earlier policy (declaration order), then the smaller knobs, so every rank picks the same.
-    Without `tune`, each policy runs with the base configuration's knobs only."""
+    Without `tune`, each policy runs with the base configuration's knobs only. `shards` > 1:
+    each runs sharded over that many ranks (simulate's `shards`)."""
     order = {p: i for i, p in enumerate(planned_policies())}
     out = []
     for policy in policies:
         for knobs in knob_grid(policy) if tune else [{}]:
             plan = cache.plan(policy, knobs, net)
             result = simulate(cache.run, plan, net, mode_of(policy),
-                              compressor=cache.compressor)
+                              compressor=cache.compressor, shards=shards)
             out.append(Ranked(policy, knobs, plan, result.iteration_s, result))
     out.sort(key=lambda r: (r.predicted_s, order[r.policy], sorted(r.knobs.items())))
     return out
 
 
 def rank_candidates(run: RunProfile, net: Network, base_cfg: Config,
-                    overlap_allowed: bool, compressed: CompressedRun | None = None
-                    ) -> list[Ranked]:
+                    overlap_allowed: bool, compressed: CompressedRun | None = None,
+                    shards: int = 1) -> list[Ranked]:
     """Every plan valid for the wrapper over the knob grid, by predicted iteration time.
 
-    The overlap policies are candidates only when the wrapper allows them (model= given, a
-    splittable optimizer) and the profile has module information to simulate them.
-    `compressed`: `run` with a lossy compressor's wire tensors, which every candidate carries.
+    Args:
+        run: the profile.
+        net: the network.
+        base_cfg: the wrapper's configuration (knobs outside the grid).
+        overlap_allowed: whether the wrapper may run an overlap policy (model= given, a
+            splittable optimizer); they are candidates only when the profile also has module
+            information to simulate them.
+        compressed: `run` with a lossy compressor's wire tensors, which every candidate carries.
+        shards: under shard_optimizer the world size: only the policies whose plans run
+            sharded are candidates, each simulated sharded (`auto` never shards on its own).
+
+    Returns:
+        The candidates, fastest first.
     """
-    return evaluate(PlanCache(run, base_cfg, compressed), allowed_policies(run, overlap_allowed),
-                    net)
+    policies = allowed_policies(run, overlap_allowed, sharded=shards > 1)
+    return evaluate(PlanCache(run, base_cfg, compressed), policies, net, shards=shards)

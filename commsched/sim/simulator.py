@@ -9,7 +9,8 @@ The model follows the engine (csrc/engine.cpp) and the optimizer wrapper:
 * SYNC (horovod, ddp, mgwfbp): t=0 is the end of the previous step(); the first gradient is
   ready at compute.before_first_ready_s, tensor i ready_time_s later; step() waits for every
   block, then the optimizer's update takes compute.step_s;
-* OVERLAP (bytescheduler, prophet, dear): see overlap.py.
+* OVERLAP (bytescheduler, prophet, dear): see overlap.py;
+* with `shards` > 1, shard_optimizer's plan and update: see sharded.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..plan import Plan
+from ..plan.sharding import sharded_plan
 from .channel import (
     OP_LABEL,
     BlockTimes,
@@ -29,6 +31,7 @@ from .channel import (
 )
 from .network import Network
 from .profile import RunProfile
+from .sharded import run_sharded_sync, shard_steps
 from .timing import CompressorCompute, ComputeTimes, compute_times
 
 
@@ -58,14 +61,36 @@ Trace = tuple[list[float], list[SimEvent], Channel]
 
 
 def simulate(run: RunProfile, plan: Plan, net: Network, mode: Mode,
-             iterations: int = 4, compressor: CompressorCompute | None = None) -> SimResult:
+             iterations: int = 4, compressor: CompressorCompute | None = None,
+             shards: int = 1) -> SimResult:
     """Simulates `iterations` iterations and reports the last one (the steady state: the first
-    overlapped iteration has no previous iteration's communication to wait for). `compressor`:
-    the compute a lossy compressor adds."""
+    overlapped iteration has no previous iteration's communication to wait for).
+
+    Args:
+        run: the profile.
+        plan: the plan (under sharding, the unsharded one the policy planned).
+        net: the network.
+        mode: synchronous or cross-iteration.
+        iterations: how many to simulate.
+        compressor: the compute a lossy compressor adds.
+        shards: the number of ranks the optimizer state is divided among (shard_optimizer;
+            1: not sharded): the sharded plan's traffic and each rank's share of the update.
+
+    Returns:
+        The last iteration.
+
+    Raises:
+        ValueError: a bad iteration count, overlap mode without module information, or
+            sharding with a compressor.
+    """
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
-    blocks = block_times(run, plan, net)
+    if shards > 1 and compressor is not None:
+        raise ValueError("a sharded plan runs no compressor (shard_optimizer refuses one)")
+    wire = sharded_plan(plan) if shards > 1 else plan
+    blocks = block_times(run, wire, net)
     compute = compute_times(run, with_modules=mode is Mode.OVERLAP)
+    steps = shard_steps(plan, blocks, compute.update, shards) if shards > 1 else ()
     notes = blocks.notes + compute.notes
     if mode is Mode.OVERLAP:
         if not run.has_module_info:
@@ -73,12 +98,14 @@ def simulate(run: RunProfile, plan: Plan, net: Network, mode: Mode,
                              "tensors[].module (a profile recorded with model=)")
         from .overlap import run_overlap
 
-        trace = run_overlap(run, plan, blocks, compute, iterations, compressor)
+        trace = run_overlap(run, wire, blocks, compute, iterations, compressor, steps)
         if iterations == 1:
             notes.append("one iteration only: its forward applies no previous updates")
+    elif steps:
+        trace = run_sharded_sync(wire, blocks, compute, steps, iterations)
     else:
         trace = run_sync(plan, blocks, compute, iterations, compressor)
-    return _result(plan, net, blocks, trace, notes)
+    return _result(wire, net, blocks, trace, notes)
 
 
 def run_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes, iterations: int,

@@ -77,6 +77,12 @@ def compute_times(run: RunProfile, with_modules: bool) -> ComputeTimes:
     if step is None:
         step = 0.0
         notes.append("compute.step_s missing: the optimizer update counts 0 s")
+    elif run.update_shards > 1:
+        # One rank stepped 1/N of every element: the whole update, as an unsharded plan runs
+        # it, takes about N times that (the sharded plan charges its calls from `update`).
+        step *= run.update_shards
+        notes.append(f"a sharded run's profile: the whole update taken as {run.update_shards}x "
+                     "the rank's updates of its slices")
     update = update_cost(run, step, notes if with_modules else [])
     return ComputeTimes(before, step, modules, notes, update)
 

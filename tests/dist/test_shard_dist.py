@@ -129,11 +129,50 @@ def _accumulated(policy: str, shard: bool, rank: int) -> list[torch.Tensor]:
     return params
 
 
+AUTO_STEPS = 30  # past auto's profiling, its choice's check window and its trials
+
+
+def _auto(rank: int) -> dict[str, Any]:
+    """auto under sharding against unsharded horovod: every plan it tries runs sharded, and
+    each is synchronous training's arithmetic (dear's update, deferred, is the same update)."""
+    from commsched.bench.validate import predict
+
+    plain = _train("horovod", "adam", False, rank, range(AUTO_STEPS))["params"]
+    import commsched
+
+    model = _model()
+    opt = commsched.DistributedOptimizer(_optimizer("adam", model),
+                                         named_parameters=model.named_parameters(), model=model,
+                                         policy="auto", profile_steps=PROFILE_STEPS,
+                                         shard_optimizer=True)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)  # as _train's
+    installed = set()
+    for step in range(AUTO_STEPS):
+        opt.zero_grad()
+        _loss(model, step, rank).backward()
+        opt.step()
+        schedule.step()
+        installed.add(opt.plan.policy)
+    opt.flush()
+    assert opt.auto is not None and opt.auto.chosen is not None
+    policy = opt.auto.chosen.policy
+    document = opt.session.profile_document()
+    out = {"param_diff": _max_diff(plain, list(model.parameters())), "policy": policy.value,
+           "ranked": sorted({c.policy.value for c in opt.auto.choices}),
+           "installed": sorted(installed),
+           "update_shards": document.get("update_shards"),
+           "predicted_s": predict(document, opt.plan, policy).iteration_s}
+    opt.session.close()
+    return out
+
+
 def _job(cases: list[tuple[str, str]]) -> dict[str, Any]:
     rank = int(os.environ["RANK"])
     results: dict[str, Any] = {"sparse": _sparse_refusal(), "no_sync": {
         policy: _max_diff(_accumulated(policy, False, rank), _accumulated(policy, True, rank))
         for policy in ("horovod", "dear")}}
+    if len(cases) > 10:  # the 2-rank job
+        results["auto"] = _auto(rank)
     for policy, name in cases:
         plain = _train(policy, name, False, rank)
         sharded = _train(policy, name, True, rank)
@@ -194,6 +233,15 @@ def test_sharded_training_matches_unsharded(world: int) -> None:
         assert "sparse gradients ('weight')" in sparse and "sparse_as_dense" in sparse, sparse
         for policy, diff in by_case.pop("no_sync").items():
             assert diff < 1e-5, (rank, policy, "no_sync()", diff)
+        auto = by_case.pop("auto", None)
+        if world == 2:
+            assert auto is not None
+            assert auto["param_diff"] < 1e-5, (rank, auto)
+            assert set(auto["ranked"]) <= set(POLICIES) and auto["policy"] in POLICIES, auto
+            assert len(auto["installed"]) > 1, auto  # a profiling plan, then its choices
+            # Its profile says the updates were of slices, and the simulator reads it.
+            assert auto["update_shards"] == world, auto
+            assert auto["predicted_s"] > 0, auto
         for case, r in by_case.items():
             assert r["moved"] > 1e-3, (case, "the run did not train")
             assert r["param_diff"] < 1e-5, (rank, case, r["param_diff"])

@@ -115,3 +115,11 @@ def test_kfac_is_refused_in_an_elastic_job(elastic_world) -> None:
 
     with pytest.raises(ValueError, match="K-FAC preconditioner does not re-form"):
         KFACPreconditioner(nn.Sequential(nn.Linear(3, 2)))
+
+
+def test_sharding_is_refused_in_an_elastic_job(elastic_world) -> None:
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="shard_optimizer=True .* elastic Horovod job"):
+        commsched.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       shard_optimizer=True)

@@ -35,8 +35,8 @@ def test_a_subclass_is_refused_too() -> None:
         _wrap(Clipped)
 
 
-@pytest.mark.parametrize("policy", ["bytescheduler", "prophet", "auto"])
-def test_overlap_policies_are_refused_for_now(policy: str) -> None:
+@pytest.mark.parametrize("policy", ["bytescheduler", "prophet"])
+def test_partitioning_overlap_policies_are_refused_for_now(policy: str) -> None:
     with pytest.raises(ValueError, match=f"not policy '{policy}'"):
         _wrap(torch.optim.SGD, policy=policy)
 
@@ -79,3 +79,9 @@ def test_the_knob_names_a_bad_value() -> None:
     with pytest.raises(ConfigError, match="COMMSCHED_SHARD_OPTIMIZER='2'.*boolean"):
         load_config(environ={"COMMSCHED_SHARD_OPTIMIZER": "2"})
 
+
+
+def test_auto_is_accepted_and_the_other_checks_still_hold() -> None:
+    _wrap(torch.optim.Adam, policy="auto")
+    with pytest.raises(TypeError, match="cannot shard"):
+        _wrap(torch.optim.LBFGS, policy="auto")
