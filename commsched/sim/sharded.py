@@ -6,8 +6,9 @@ all-gathered after the update (a synchronous plan's all-gathers appended, releas
 as step() updates each block; DeAR's kept in place, released in the next forward pass). Each
 rank steps its slice of every block, one optimizer call per block in the reduce-scatters'
 order, each as soon as that reduce-scatter is done: a call on 1/N of the block's bytes, at the
-profile's cost of one call (ComputeTimes.update). The copies that follow (the gathered
-parameters into place) are not charged: a copy per byte is a small fraction of an update's.
+profile's cost of one call (ComputeTimes.update), scaled to the run's own step_s where the
+profile is of the same sharded run. The copies of the gathered parameters into place are the
+forward's time in the profile (before_first_ready_s), not charged again.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class ShardStep:
     update_s: float
 
 
-def shard_steps(plan: Plan, blocks: BlockTimes, update: UpdateCost,
-                shards: int) -> tuple[ShardStep, ...]:
+def shard_steps(plan: Plan, blocks: BlockTimes, update: UpdateCost, shards: int,
+                measured_s: float | None = None) -> tuple[ShardStep, ...]:
     """Every block's update when `plan` (the unsharded plan) runs sharded over `shards` ranks.
 
     Args:
@@ -41,12 +42,20 @@ def shard_steps(plan: Plan, blocks: BlockTimes, update: UpdateCost,
         blocks: block_times of the sharded plan (positions are shared).
         update: the cost of one optimizer call.
         shards: the number of ranks the state is divided among.
+        measured_s: where the profile is of this sharded run, its step_s: the updates' whole
+            time, which also holds what surrounds each call (the slice's gradient averaged, the
+            new values written where the all-gather packs from). The calls' costs are scaled to
+            sum to it.
 
     Returns:
         One step per reduced block, in the order the runtime takes them.
     """
-    return tuple(ShardStep(reduce, gather, update.time(-(-blocks.nbytes[reduce] // shards)))
-                 for reduce, gather in sorted(gather_positions(plan).items()))
+    pairs = sorted(gather_positions(plan).items())
+    seconds = [update.time(-(-blocks.nbytes[reduce] // shards)) for reduce, _ in pairs]
+    total = sum(seconds)
+    scale = measured_s / total if measured_s is not None and total > 0 else 1.0
+    return tuple(ShardStep(reduce, gather, scale * s)
+                 for (reduce, gather), s in zip(pairs, seconds, strict=True))
 
 
 def run_sharded_sync(plan: Plan, blocks: BlockTimes, compute: ComputeTimes,

@@ -90,7 +90,8 @@ def simulate(run: RunProfile, plan: Plan, net: Network, mode: Mode,
     wire = sharded_plan(plan) if shards > 1 else plan
     blocks = block_times(run, wire, net)
     compute = compute_times(run, with_modules=mode is Mode.OVERLAP)
-    steps = shard_steps(plan, blocks, compute.update, shards) if shards > 1 else ()
+    own = run.step_s if run.update_shards == shards else None  # the profile's own sharded run
+    steps = shard_steps(plan, blocks, compute.update, shards, own) if shards > 1 else ()
     notes = blocks.notes + compute.notes
     if mode is Mode.OVERLAP:
         if not run.has_module_info:

@@ -13,7 +13,7 @@ from test_sim_simulate import NET, SIZES, allreduce_plan, dear_plan, spans, two_
 
 from commsched.config import Policy, load_config
 from commsched.plan.sharding import SHARDABLE_POLICIES
-from commsched.sim import Mode, profile_from_document, rank_candidates, simulate
+from commsched.sim import Mode, RunProfile, profile_from_document, rank_candidates, simulate
 from commsched.sim.profile import ProfileError
 from commsched.sim.timing import CompressorCompute, compute_times
 
@@ -106,3 +106,25 @@ def test_sharding_refuses_a_compressor() -> None:
     with pytest.raises(ValueError, match="compressor"):
         simulate(two_tensors(), allreduce_plan([1], [0], sizes=SIZES), NET, Mode.SYNC,
                  compressor=CompressorCompute(0.001), shards=2)
+
+
+def test_a_profile_of_the_same_sharded_run_sets_the_updates_total() -> None:
+    # The run's own step_s holds what surrounds each call too: the calls' costs (1.5 and 0.5 ms
+    # from the fit) are scaled to sum to it (3 ms); another world's profile keeps the fit's.
+    def run(shards: int | None) -> RunProfile:
+        doc = {"schema_version": 2, "world_size": 2, "update_shards": shards,
+               "compute": {"before_first_ready_s": 0.07, "step_s": 0.003,
+                           "update_fixed_s": 0.0, "update_per_byte_s": 1e-6},
+               "tensors": [{"id": i, "name": n, "numel": b // 4, "dtype": "float32",
+                            "forward_index": i, "ready_time_s": r, "module": None}
+                           for i, (n, b, r) in enumerate([("t0", 1000, 0.01),
+                                                          ("t1", 3000, 0.0)])]}
+        return profile_from_document(doc)
+
+    plan = allreduce_plan([1], [0], sizes=SIZES)
+    own = simulate(run(2), plan, NET, Mode.SYNC, shards=2)
+    assert [e.duration_s for e in own.events if e.name == "update"] == \
+        pytest.approx([0.00225, 0.00075])
+    other = simulate(run(None), plan, NET, Mode.SYNC, shards=2)
+    assert [e.duration_s for e in other.events if e.name == "update"] == \
+        pytest.approx([0.0015, 0.0005])
