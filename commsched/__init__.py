@@ -16,6 +16,7 @@ from .info import check_extension as _check_extension
 
 _check_extension()
 
+from . import checkpoint
 from .compression import Compression
 from .config import ConfigError, Policy, load_config
 from .ops import Adasum, Average, ReduceOp, Sum
@@ -36,6 +37,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "MismatchError",
     "Policy", "RankFailureError", "ReduceOp", "StallWarning", "Sum", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "init", "is_initialized", "load_config",
-    "local_rank", "rank", "shutdown", "size",
+    "broadcast_optimizer_state", "broadcast_parameters", "checkpoint", "init", "is_initialized",
+    "load_config", "local_rank", "rank", "shutdown", "size",
 ]

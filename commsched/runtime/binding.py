@@ -22,7 +22,7 @@ from .deferred import DeferredUpdates
 from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
 from .overlap import OverlapRunner
-from .overlap_support import check_overlap_allowed, overlap_possible
+from .overlap_support import ModuleProfile, check_overlap_allowed, overlap_possible
 from .release import Resources
 from .sharded import ShardedState
 from .sparse import SparseExchange
@@ -51,6 +51,9 @@ class WorldBinding:
         self.deferred, self.base_cls, self.resources = deferred, base_cls, resources
         self.bound = False  # whether world, engine and plan exist
         self.runner: OverlapRunner | None = None
+        # The forward order and module times the last runner recorded: an elastic job's runner,
+        # made again at the first gradient of a re-formed world's iteration, after the forward.
+        self.recorded: ModuleProfile | None = None
         self.compressed: CompressedGradients | None = None
         self.lossy_scale = 1.0  # the engine's pre- x post-scale
 
@@ -107,9 +110,9 @@ class WorldBinding:
         policy, model = self.config.policy, self.options.model
         if policy.overlaps_iterations:
             check_overlap_allowed(policy.value, model, self.base_cls)
-        elif self.elastic or not (policy is Policy.AUTO and overlap_possible(model, self.base_cls)):
-            return None  # an elastic job runs synchronous plans only (elastic.py)
-        return OverlapRunner(self.deferred, model, self.params, self.engine)
+        elif not (policy is Policy.AUTO and overlap_possible(model, self.base_cls)):
+            return None
+        return OverlapRunner(self.deferred, model, self.params, self.engine, self.recorded)
 
     @property
     def stale(self) -> bool:
@@ -120,9 +123,14 @@ class WorldBinding:
 
     def unbind(self) -> None:
         """Stops the engine of a world that failed or changed (no wait: its collectives may
-        have failed)."""
+        have failed), and removes the overlap runner's hooks with what it still defers (Note
+        [Elastic Horovod and deferred updates] in elastic.py)."""
         if self.bound:
             self.engine.shutdown()
+        if self.runner is not None:
+            self.runner.remove()
+            self.recorded = self.runner.modules
+            self.runner = self.resources.runner = None
         self.bound = False
 
 

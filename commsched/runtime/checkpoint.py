@@ -94,12 +94,12 @@ def validate(session: Session, entry: dict[str, Any]) -> Plan:
                          f"{_first_difference(entry['tensors'], ours)}{remedy}")
     plan = plan_from_dict(entry["plan"])
     saved_runner = entry["runner"]
-    if saved_runner is not None and saved_runner["active"] and session.runner is None:
+    if saved_runner is not None and saved_runner["active"] and session.options.model is None:
         raise ValueError(f"commsched: the checkpoint's plan ({plan.policy}) applies updates in "
                          "the next forward pass and needs DistributedOptimizer(..., model=model)"
                          f"{remedy}")
     saved_compression = entry.get("compression")
-    if (saved_compression is None) != (session.compressed is None):
+    if (saved_compression is None) != (session.options.lossy is None):
         raise ValueError("commsched: the checkpoint was saved "
                          + ("without" if saved_compression is None else "with")
                          + " lossy compression and this optimizer runs "
@@ -151,7 +151,10 @@ def load(session: Session, state_dict: dict[str, Any],
     """The wrapper's load_state_dict(): pending updates applied, the entry checked before
     torch's state changes (`torch_load`: the optimizer's own load_state_dict), then the run put
     where the entry says."""
-    session.flush()  # not a pause, as in state_dict()
+    if session.binding.elastic:  # Note [Elastic Horovod and deferred updates] in elastic.py
+        session.binding.unbind()
+    else:
+        session.flush()  # not a pause, as in state_dict()
     session.hook_gradients()  # the restored plan may be another, or not yet settled
     entry = state_dict.get(KEY)
     if entry is not None:

@@ -17,11 +17,6 @@ if TYPE_CHECKING:
 
 def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
     """Raises ValueError for what an elastic Horovod job cannot restore after losing a worker."""
-    if config.policy.overlaps_iterations:
-        raise ValueError(f"commsched: policy '{config.policy.value}' applies updates in the "
-                         "next forward pass, which an elastic Horovod job cannot restore "
-                         "after losing a worker; use a synchronous policy (horovod, ddp, "
-                         "mgwfbp, or auto, which then chooses among them)")
     if options.process_set is not None:
         raise ValueError("commsched: process_set= in an elastic Horovod job is not supported: "
                          "its ranks are re-numbered when the world is re-formed")
@@ -34,6 +29,23 @@ def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
         raise ValueError("commsched: PowerSGD and top-k keep per-rank error-feedback state "
                          "that an elastic Horovod job cannot re-form after losing a worker; "
                          "use compression none, fp16 or bf16 there")
+
+
+# Note [Elastic Horovod and deferred updates]
+# An overlap plan leaves each step()'s update to the next forward pass. Horovod's elastic loop
+# saves its state at state.commit(): TorchState reads model.state_dict() first, whose pre-hooks
+# apply what the runner defers (Note [The last deferred update] in overlap_support.py), and the
+# optimizer's state_dict() flushes too, so a commit never holds half an update. After a failure
+# Horovod restores the commit (the model's and the optimizer's load_state_dict()), re-forms the
+# world and broadcasts rank 0's state, loading it once more. What the runner still defers at a
+# restore belongs to the iterations rolled back, and its collectives may never complete (a peer
+# is gone): applying it would wait for them and then overwrite nothing the restore keeps. So in
+# an elastic job load_state_dict() unbinds the session instead of flushing: the engine stops
+# without waiting, the runner's hooks go with its pending updates, and the next iteration's first
+# gradient binds to the world of now, with a new runner that profiles and plans for its size
+# (`auto` decides again). A forward pass between the two runs no hook: nothing is pending.
+# Horovod's other load, its sync after a host was added, follows a commit: nothing is pending
+# then either, and the world re-forms at the next step anyway.
 
 
 class ElasticGuard:

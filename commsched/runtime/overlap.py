@@ -51,13 +51,13 @@ class HookMode(enum.Enum):
 
 class OverlapRunner:
     def __init__(self, deferred: DeferredUpdates, model: nn.Module, params: list[torch.Tensor],
-                 engine: EngineHandle) -> None:
+                 engine: EngineHandle, modules: ModuleProfile | None = None) -> None:
         self._deferred = deferred
         self._snapshot = deferred.snapshot_call()
         self._engine = engine
         self._params = params
         self._tid = {id(p): i for i, p in enumerate(params)}
-        self.modules = ModuleProfile()
+        self.modules = modules or ModuleProfile()  # an elastic job's earlier runner's
         self._named = dict(model.named_modules())
         self._owned = {name: [self._tid[id(p)] for p in m.parameters(recurse=False)
                               if id(p) in self._tid]
@@ -140,7 +140,7 @@ class OverlapRunner:
 
     def first_users(self) -> dict[int, str]:
         """Tensor id -> the module (observed forward order) whose pre-hook applies its update."""
-        return first_users(self.modules.order, self._owned)
+        return first_users(self.modules.order, self._owned) if self.modules.order else {}
 
     def activate(self, plan: Plan) -> None:
         """Installs the plan's update groups (one per first-user module when the plan has none)
@@ -344,10 +344,10 @@ class OverlapRunner:
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self.finish()
 
-    def remove(self) -> None:
+    def remove(self) -> None:  # its hooks, and what it still defers (an elastic restore)
         for handle in self._handles + self._state_hooks:
             handle.remove()
-        self._handles, self._state_hooks = [], []
+        self._handles, self._state_hooks, self._grads, self.open = [], [], [], False
         registry.unregister_deferring(self)
 
 

@@ -1,13 +1,14 @@
 """Runs under an elastic ``horovodrun`` (test_elastic_horovodrun.py): trains 20 steps inside
-``hvd.elastic.run`` with ``hvd.elastic.TorchState(model=..., optimizer=<commsched optimizer>)``,
-committing after every step, while the job loses a worker and (optionally) gains one.
+``hvd.elastic.run`` with a ``hvd.elastic.TorchState`` holding one model and commsched optimizer
+per policy of ELASTIC_JOB_POLICY (comma-separated, default horovod), side by side, committing
+after every step, while the job loses a worker and (optionally) gains one.
 
 Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
     DIR       holds `hosts` (what the discovery script prints; rank 0 appends ADD_HOST to it at
               step ADD_AT) and receives, per worker host, `log.<host>.jsonl` (one line per
-              executed step: step, Horovod's and commsched's world size, the plan; a step run
+              executed step: step, Horovod's and commsched's world size, each plan; a step run
               again after a restore appears again; or the error a step raised) and
-              `final.<host>.pt` (the parameters at the end)
+              `final.<host>.pt` (each policy's parameters at the end)
     KILL_AT   the worker that is rank 1 at that step kills itself (SIGKILL) before its forward
               pass (once per job: a marker file in DIR); -1 for never
     ADD_AT    at that step the workers wait until the added host has joined; -1 for never
@@ -27,7 +28,7 @@ import time
 
 import horovod.torch as hvd
 import torch
-from horovod.common.exceptions import HorovodInternalError
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from torch import nn
 
 import commsched
@@ -84,10 +85,13 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     torch.set_num_threads(1)
     host = os.environ["HOROVOD_HOSTNAME"]
     hvd.init()
-    model = make_model()
-    opt = commsched.DistributedOptimizer(make_optimizer(model.parameters()),
-                                         named_parameters=model.named_parameters(),
-                                         policy=os.environ.get("ELASTIC_JOB_POLICY", "horovod"))
+    # One model per policy, side by side in one job (each its own engine and plan): every one
+    # must end where the same replay ends.
+    policies = os.environ.get("ELASTIC_JOB_POLICY", "horovod").split(",")
+    models = {policy: make_model() for policy in policies}
+    opts = {policy: commsched.DistributedOptimizer(
+        make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
+        model=model, policy=policy) for policy, model in models.items()}
     log_path = os.path.join(out_dir, f"log.{host}.jsonl")
     marker = os.path.join(out_dir, "killed")
 
@@ -101,26 +105,40 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
             if step == add_at and size < 3:
                 wait_for_new_host(state, out_dir, add_host)
             try:
-                opt.zero_grad()
-                loss_of(model, step, rank).backward()
-                opt.step()
+                for policy, opt in opts.items():
+                    opt.zero_grad()
+                    loss_of(models[policy], step, rank).backward()
+                    opt.step()
+                state.batch = step + 1
+                # An overlap plan's update is applied here (Note [Elastic Horovod and deferred
+                # updates]): a lost peer may show first in the commit.
+                state.commit()
+            except HostsUpdatedInterrupt:
+                write_step(log_path, step, size, rank, opts)  # committed before the interrupt
+                raise
             except Exception as err:  # what Horovod's loop gets: it must be one it handles
                 write_line(log_path, {"step": step, "error": type(err).__name__, "text": str(err),
                                       "horovod_internal": isinstance(err, HorovodInternalError)})
                 raise
-            write_line(log_path, {"step": step, "size": size, "rank": rank,
-                                  "commsched_size": commsched.size(),
-                                  "plan": opt.plan.fingerprint})
-            state.batch = step + 1
-            state.commit()
+            write_step(log_path, step, size, rank, opts)
 
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0)
+    handlers: dict[str, object] = {f"model_{i}": models[p] for i, p in enumerate(policies)}
+    handlers.update({f"optimizer_{i}": opts[p] for i, p in enumerate(policies)})
+    state = hvd.elastic.TorchState(batch=0, **handlers)
     train(state)
-    torch.save({"params": [p.detach() for p in model.parameters()], "size": hvd.size(),
-                "rank": hvd.rank(), "iteration": opt.session.iteration},
+    torch.save({"params": {p: [t.detach() for t in m.parameters()] for p, m in models.items()},
+                "size": hvd.size(), "rank": hvd.rank(),
+                "iteration": {p: opt.session.iteration for p, opt in opts.items()}},
                os.path.join(out_dir, f"final.{host}.pt"))
     commsched.shutdown()
     return 0
+
+
+def write_step(path: str, step: int, size: int, rank: int, opts: dict) -> None:
+    write_line(path, {"step": step, "size": size, "rank": rank,
+                      "commsched_size": commsched.size(),
+                      "plan": {p: opt.plan.fingerprint for p, opt in opts.items()},
+                      "policy": {p: opt.plan.policy for p, opt in opts.items()}})
 
 
 def write_line(path: str, line: dict) -> None:

@@ -102,12 +102,33 @@ def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None
     assert opt.session.iteration == 2 and bootstrap.world().generation == first.generation + 1
 
 
-def test_overlap_policy_is_refused_in_an_elastic_job(elastic_world) -> None:
-    model = nn.Linear(3, 2)
-    with pytest.raises(ValueError, match="elastic Horovod job"):
-        commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(), model=model,
-                                       policy="prophet")
+def test_a_restore_drops_what_an_overlap_plan_defers(elastic_world) -> None:
+    # Note [Elastic Horovod and deferred updates]: a commit applies the deferred update, and a
+    # restore (load_state_dict) drops what is deferred since, with the runner and the engine,
+    # without waiting for anything; the next step binds again with a new runner.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), model=model,
+                                         policy="dear", profile_steps=1)
+    for _ in range(3):
+        _step(model, opt)
+    runner = opt.session.runner
+    assert runner is not None and runner.active and runner.open  # an update is deferred
+    saved = {k: v.clone() for k, v in model.state_dict().items()}  # applies it (the commit)
+    assert not runner.open
+    committed = opt.state_dict()
+    _step(model, opt)
+    assert runner.open
+    model.load_state_dict(saved)
+    opt.load_state_dict(committed)
+    assert not opt.session.bound and opt.session.runner is None and not runner.open
+    # No hook of the old runner is left: a forward pass applies nothing.
+    model(torch.randn(2, 3))
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    _step(model, opt)
+    assert opt.session.bound and opt.session.runner is not None
+    assert opt.session.runner is not runner
 
 
 def test_kfac_is_refused_in_an_elastic_job(elastic_world) -> None:

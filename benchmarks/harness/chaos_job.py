@@ -1,0 +1,215 @@
+"""One chaos trial's training job (benchmarks/harness/chaos.py draws and checks the trials).
+
+    horovodrun -np 3 --min-np 2 --max-np 3 --host-discovery-script D --gloo \\
+        python -m benchmarks.harness.chaos_job DIR
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m benchmarks.harness.chaos_job DIR
+
+DIR/trial.json says the launcher ("elastic": inside ``hvd.elastic.run``, committing every
+step; "torchrun": a checkpoint every SAVE_EVERY steps with commsched.checkpoint, resumed from
+at start), the policy, and the kill: the rank that is killed (SIGKILL, once per trial: a marker
+file), at which step, and where:
+  * forward: in the second layer's forward pre-hook;
+  * backward: in a gradient hook of the first layer's weight (the last gradient of backward);
+  * step: inside the user's optimizer update (in step() under a synchronous plan; in the next
+    forward pass's update groups under an overlap plan, which is where the update runs);
+  * save: while the checkpoint is written (torchrun: after the file is written, before its
+    rename; elastic: inside ``state.commit()``, as the model's state is read).
+Every rank logs to DIR/log.<id>.jsonl: each step it finished (with the world size it ran in),
+each error it raised (type, text, time), its start; rank 0 saves its final parameters to
+DIR/final.pt. The killed rank writes DIR/killed (rank, step, point, time) first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+import commsched
+
+STEPS, SAVE_EVERY, ROWS = 12, 3, 4
+LR, MOMENTUM = 0.05, 0.9
+
+
+def make_model() -> nn.Sequential:
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 2))
+
+
+def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
+    return nn.functional.mse_loss(model(x), y)
+
+
+def reference(steps: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """One process replaying `steps` ((step, world size)): each step's gradient is the average
+    over that step's ranks, as the job's ranks computed it."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for step, size in steps:
+        opt.zero_grad()
+        total = sum((loss_of(model, step, r) for r in range(size)), torch.zeros(()))
+        (total / size).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+class Chaos:
+    """Where this process kills itself, and its log."""
+
+    def __init__(self, out_dir: str, trial: dict[str, Any], log_id: str) -> None:
+        self.out_dir, self.kill = out_dir, trial["kill"]
+        self.log_path = os.path.join(out_dir, f"log.{log_id}.jsonl")
+        self.marker = os.path.join(out_dir, "killed")
+        self.armed: str | None = None
+
+    def arm(self, step: int, rank: int) -> None:
+        """At the start of each step: whether this rank dies somewhere in it."""
+        hit = step == self.kill["step"] and rank == self.kill["rank"]
+        self.armed = self.kill["point"] if hit and not os.path.exists(self.marker) else None
+        self._step, self._rank = step, rank
+
+    def at(self, point: str) -> None:
+        if self.armed != point:
+            return
+        with open(self.marker, "w", encoding="utf-8") as handle:
+            json.dump({"rank": self._rank, "step": self._step, "point": point,
+                       "time": time.time()}, handle)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def log(self, **fields: Any) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({**fields, "time": time.time()}) + "\n")
+
+
+class KillableSGD(torch.optim.SGD):
+    """SGD whose update may kill the process ("step"): the update runs inside step() under a
+    synchronous plan, in the next forward pass under an overlap plan."""
+
+    chaos: Chaos | None = None
+
+    def step(self, closure: Any = None) -> Any:
+        if KillableSGD.chaos is not None:
+            KillableSGD.chaos.at("step")
+        return super().step(closure)
+
+
+def wrap(model: nn.Sequential, chaos: Chaos, policy: str) -> torch.optim.Optimizer:
+    KillableSGD.chaos = chaos
+    model[2].register_forward_pre_hook(lambda module, args: chaos.at("forward"))
+
+    def backward(grad: torch.Tensor) -> torch.Tensor:
+        chaos.at("backward")
+        return grad
+
+    first = model[0]
+    assert isinstance(first, nn.Linear)
+    first.weight.register_hook(backward)
+    return commsched.DistributedOptimizer(
+        KillableSGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+        named_parameters=model.named_parameters(), model=model, policy=policy, profile_steps=2)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
+    opt.zero_grad()
+    loss_of(model, step, rank).backward()
+    opt.step()
+
+
+def run_torchrun(out_dir: str, trial: dict[str, Any]) -> None:
+    rank = commsched.init().rank
+    chaos = Chaos(out_dir, trial, f"rank{rank}")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    model = make_model()
+    opt = wrap(model, chaos, trial["policy"])
+    path = os.path.join(out_dir, "ckpt")
+    real_fsync = os.fsync
+
+    def fsync(fd: Any) -> None:  # the kill "during a save": written, not yet renamed
+        chaos.at("save")
+        real_fsync(fd)
+
+    os.fsync = fsync
+    state = commsched.checkpoint.load(path)
+    start = 0 if state is None else int(state["step"])
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    chaos.log(event="start", attempt=attempt, rank=rank, start=start)
+    for step in range(start, STEPS):
+        chaos.arm(step, rank)
+        try:
+            train_step(model, opt, step, rank)
+            if (step + 1) % SAVE_EVERY == 0:
+                checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                              "step": step + 1}
+                commsched.checkpoint.save(path, checkpoint)
+        except Exception as err:
+            chaos.log(event="error", step=step, error=type(err).__name__, text=str(err))
+            raise
+        chaos.log(event="step", step=step, size=commsched.size())
+    finish(out_dir, model, opt, rank)
+
+
+def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
+    import horovod.torch as hvd
+
+    hvd.init()
+    host = os.environ.get("HOROVOD_HOSTNAME", "local")
+    chaos = Chaos(out_dir, trial, host)
+    model = make_model()
+    opt = wrap(model, chaos, trial["policy"])
+    model.register_state_dict_pre_hook(lambda *args: chaos.at("save"))
+    chaos.log(event="start", host=host)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.batch < STEPS:
+            step, rank, size = state.batch, hvd.rank(), hvd.size()
+            chaos.arm(step, rank)
+            try:
+                train_step(model, opt, step, rank)
+                state.batch = step + 1
+                state.commit()
+            except Exception as err:
+                if type(err).__name__ == "HostsUpdatedInterrupt":
+                    chaos.log(event="step", step=step, size=size)  # committed before it
+                else:
+                    chaos.log(event="error", step=step, error=type(err).__name__,
+                              text=str(err))
+                raise
+            chaos.log(event="step", step=step, size=size, rank=rank)
+
+    train(hvd.elastic.TorchState(model=model, optimizer=opt, batch=0))
+    finish(out_dir, model, opt, hvd.rank())
+
+
+def finish(out_dir: str, model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> None:
+    opt.flush()  # type: ignore[attr-defined]  # an overlap plan's last update
+    if rank == 0:
+        torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                    "size": commsched.size()}, os.path.join(out_dir, "final.pt"))
+    commsched.shutdown()
+
+
+def main(out_dir: str) -> int:
+    torch.set_num_threads(1)
+    with open(os.path.join(out_dir, "trial.json"), encoding="utf-8") as handle:
+        trial = json.load(handle)
+    if trial["launcher"] == "elastic":
+        run_elastic(out_dir, trial)
+    else:
+        run_torchrun(out_dir, trial)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
