@@ -35,7 +35,11 @@ Engine::Engine(std::shared_ptr<Transport> transport, std::vector<std::string> te
   completion_thread_ = std::thread([this] { completion_loop(); });
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  shutdown();
+  // Note [A failed collective is not touched again]: never freed.
+  if (!abandoned_.empty()) new std::vector<InFlight>(std::move(abandoned_));
+}
 
 void Engine::release_transport() {
   shutdown();
@@ -323,6 +327,16 @@ void Engine::set_credit(int64_t bytes) {
   credit_cv_.notify_all();
 }
 
+// Note [A failed collective is not touched again]
+// A collective that failed or timed out may still be running in its backend: a peer that was
+// slow rather than dead, or, on a device, Gloo's copies to and from host memory queued on the
+// communication stream. Waiting on it again, unpacking its output or freeing its buffers while
+// the backend still writes them is how a process dies of a segmentation fault instead of
+// raising the engine's error. So once the engine has failed (or is stopping), the completion
+// thread takes every collective still in flight off the queue without waiting for it, and the
+// failed one with them, and keeps them as they are in `abandoned_`; the engine's destructor
+// leaks them rather than free what a backend may still write. Nothing else reaches them: the
+// launch thread launches nothing after a failure, and every wait returns the error.
 void Engine::completion_loop() {
   while (true) {
     InFlight item;
@@ -333,6 +347,11 @@ void Engine::completion_loop() {
       item = std::move(in_flight_.front());
       in_flight_.pop_front();
     }
+    if (failed() || stopping()) {
+      return_credit(item.bytes);
+      abandoned_.push_back(std::move(item));
+      continue;
+    }
     try {
       complete(item);
       return_credit(item.bytes);
@@ -340,8 +359,14 @@ void Engine::completion_loop() {
       return_credit(item.bytes);
       fail(std::string("collective of block ") + std::to_string(plan_[item.position].block_id) +
            " failed: " + e.what());
+      abandoned_.push_back(std::move(item));
     }
   }
+}
+
+bool Engine::failed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !error_.empty();
 }
 
 void Engine::complete(InFlight& item) {

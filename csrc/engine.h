@@ -120,6 +120,7 @@ class Engine {
   };
 
   void complete_local();
+  bool failed();
   void engine_loop();
   void completion_loop();
   void launch(int64_t position);
@@ -177,6 +178,9 @@ class Engine {
   std::mutex flight_mu_;
   std::condition_variable flight_cv_;
   std::deque<InFlight> in_flight_;
+  // Failed, or in flight when the engine failed or stopped; the completion thread's alone (Note
+  // [A failed collective is not touched again]).
+  std::vector<InFlight> abandoned_;
 
   std::mutex credit_mu_;
   std::condition_variable credit_cv_;

@@ -55,11 +55,14 @@ def draw_trials(count: int, seed: int) -> list[dict[str, Any]]:
         launcher = "elastic" if index % 2 == 0 else "torchrun"
         world = 3 if launcher == "elastic" else 2
         restarts = 0 if launcher == "torchrun" and index % 10 == 9 else 1
+        point = points[(index // 2) % len(points)]  # each launcher meets every point
+        steps = range(2, chaos_job.STEPS - 2)
+        if point == "save" and launcher == "torchrun":  # a step that ends with a checkpoint
+            steps = range(chaos_job.SAVE_EVERY - 1, chaos_job.STEPS - 1, chaos_job.SAVE_EVERY)
         trials.append({"index": index, "launcher": launcher, "world": world,
                        "policy": policies[index % len(policies)], "restarts": restarts,
-                       "kill": {"rank": rng.randrange(world),
-                                "step": rng.randrange(2, chaos_job.STEPS - 2),
-                                "point": points[index % len(points)]}})
+                       "kill": {"rank": rng.randrange(world), "step": rng.choice(steps),
+                                "point": point}})
     return trials
 
 

@@ -12,8 +12,9 @@ file), at which step, and where:
   * backward: in a gradient hook of the first layer's weight (the last gradient of backward);
   * step: inside the user's optimizer update (in step() under a synchronous plan; in the next
     forward pass's update groups under an overlap plan, which is where the update runs);
-  * save: while the checkpoint is written (torchrun: after the file is written, before its
-    rename; elastic: inside ``state.commit()``, as the model's state is read).
+  * save: while the checkpoint is written (torchrun: on rank 0 after the file is written,
+    before its rename, on the others in their call of the save; elastic: inside
+    ``state.commit()``, as the model's state is read).
 Every rank logs to DIR/log.<id>.jsonl: each step it finished (with the world size it ran in),
 each error it raised (type, text, time), its start; rank 0 saves its final parameters to
 DIR/final.pt. The killed rank writes DIR/killed (rank, step, point, time) first.
@@ -70,12 +71,18 @@ class Chaos:
         self.log_path = os.path.join(out_dir, f"log.{log_id}.jsonl")
         self.marker = os.path.join(out_dir, "killed")
         self.armed: str | None = None
+        self._step = self._rank = -1
 
     def arm(self, step: int, rank: int) -> None:
-        """At the start of each step: whether this rank dies somewhere in it."""
+        """At the start of each step: whether this rank dies somewhere in it. A kill in the
+        update stays armed into the next step: an overlap plan applies a step's update in the
+        next forward pass."""
         hit = step == self.kill["step"] and rank == self.kill["rank"]
-        self.armed = self.kill["point"] if hit and not os.path.exists(self.marker) else None
-        self._step, self._rank = step, rank
+        if hit and not os.path.exists(self.marker):
+            self.armed = self.kill["point"]
+            self._step, self._rank = step, rank
+        elif self.armed != "step":
+            self.armed = None
 
     def at(self, point: str) -> None:
         if self.armed != point:
@@ -151,6 +158,8 @@ def run_torchrun(out_dir: str, trial: dict[str, Any]) -> None:
             if (step + 1) % SAVE_EVERY == 0:
                 checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "step": step + 1}
+                if rank != 0:  # in the save, which rank 0 alone writes
+                    chaos.at("save")
                 commsched.checkpoint.save(path, checkpoint)
         except Exception as err:
             chaos.log(event="error", step=step, error=type(err).__name__, text=str(err))

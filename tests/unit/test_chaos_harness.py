@@ -19,7 +19,9 @@ def test_trials_cover_every_policy_point_and_launcher() -> None:
     assert {t["launcher"] for t in trials} == {"elastic", "torchrun"}
     for t in trials:
         assert 0 <= t["kill"]["rank"] < t["world"]
-        assert 2 <= t["kill"]["step"] < chaos_job.STEPS - 2
+        assert 2 <= t["kill"]["step"] < chaos_job.STEPS - 1
+        if t["kill"]["point"] == "save" and t["launcher"] == "torchrun":  # a step that saves
+            assert (t["kill"]["step"] + 1) % chaos_job.SAVE_EVERY == 0, t
     must_fail = [t for t in trials if t["restarts"] == 0]
     assert must_fail and all(t["launcher"] == "torchrun" for t in must_fail)
 
