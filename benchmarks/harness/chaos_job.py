@@ -187,15 +187,16 @@ def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
             try:
                 train_step(model, opt, step, rank)
                 state.batch = step + 1
-                state.commit()
+                # state.commit() in its two parts: once saved, the step is committed, whatever
+                # Horovod's check for host updates raises next (a lost peer shows there too).
+                state.save()
+                chaos.log(event="step", step=step, size=size, rank=rank)
+                state.check_host_updates()
             except Exception as err:
-                if type(err).__name__ == "HostsUpdatedInterrupt":
-                    chaos.log(event="step", step=step, size=size)  # committed before it
-                else:
+                if type(err).__name__ != "HostsUpdatedInterrupt":
                     chaos.log(event="error", step=step, error=type(err).__name__,
                               text=str(err))
                 raise
-            chaos.log(event="step", step=step, size=size, rank=rank)
 
     train(hvd.elastic.TorchState(model=model, optimizer=opt, batch=0))
     finish(out_dir, model, opt, hvd.rank())

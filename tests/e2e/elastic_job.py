@@ -110,17 +110,18 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
                     loss_of(models[policy], step, rank).backward()
                     opt.step()
                 state.batch = step + 1
-                # An overlap plan's update is applied here (Note [Elastic Horovod and deferred
-                # updates]): a lost peer may show first in the commit.
-                state.commit()
+                # state.commit() in its two parts. The save applies what an overlap plan defers
+                # (Note [Elastic Horovod and deferred updates]): a lost peer may show there.
+                # Once saved the step is committed, whatever the check for new hosts raises.
+                state.save()
+                write_step(log_path, step, size, rank, opts)
+                state.check_host_updates()
             except HostsUpdatedInterrupt:
-                write_step(log_path, step, size, rank, opts)  # committed before the interrupt
                 raise
             except Exception as err:  # what Horovod's loop gets: it must be one it handles
                 write_line(log_path, {"step": step, "error": type(err).__name__, "text": str(err),
                                       "horovod_internal": isinstance(err, HorovodInternalError)})
                 raise
-            write_step(log_path, step, size, rank, opts)
 
     handlers: dict[str, object] = {f"model_{i}": models[p] for i, p in enumerate(policies)}
     handlers.update({f"optimizer_{i}": opts[p] for i, p in enumerate(policies)})
