@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from .world import bootstrap
+
 MAGIC = b"CSCKPT01"
 _HEADER = struct.Struct(f"<{len(MAGIC)}sQ32s")  # magic, payload length, SHA-256 of payload
 
@@ -45,12 +47,13 @@ def save(path: str, state: dict[str, Any], rank: int | None = None) -> None:
     Args:
         path: the checkpoint file; its directory must exist.
         state: what to save (tensors, state dicts, numbers).
-        rank: this process's rank; by default commsched's (0 outside a job).
+        rank: this process's rank; by default commsched's (commsched.init(): the launcher's
+            world, formed here if no wrap or broadcast formed it yet; 0 outside a job).
 
     Raises:
         OSError: the file could not be written (the previous checkpoint is left as it was).
     """
-    if (_rank() if rank is None else rank) != 0:
+    if (bootstrap.init().rank if rank is None else rank) != 0:
         return
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -107,20 +110,6 @@ def load(path: str, map_location: Any = "cpu") -> dict[str, Any] | None:
         raise CheckpointError(f"commsched: checkpoint {path} holds a {type(state).__name__}, "
                               "not the dict save() writes")
     return state
-
-
-def _rank() -> int:
-    from .world import bootstrap
-
-    return bootstrap.world().rank if bootstrap.is_initialized() else _env_rank()
-
-
-def _env_rank() -> int:
-    for key in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
-        value = os.environ.get(key)
-        if value is not None and value.isdigit():
-            return int(value)
-    return 0
 
 
 def _sync_directory(directory: str) -> None:

@@ -213,7 +213,6 @@ class ShardedState:
         pass: it calls it with each tensor id's gradient before releasing any."""
         return lambda gradient_of: self.step(reduced, gradient_of, None)
 
-
     def finish(self) -> None:
         """After the all-gathers: every parameter takes the values gathered into its gradient,
         and the gradient is cleared (it holds parameters now, not a gradient to read)."""
