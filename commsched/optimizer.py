@@ -459,7 +459,6 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     native_amp_scaling = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     wrapped._cs_setup(Session(wrapped, optimizer.__class__, named, options, config),
                       native_amp_scaling)
-    if wrapped.session.compressed is not None:  # top-k's momentum correction (runtime/momentum.py)
-        wrapped.session.compressed.attach(wrapped, optimizer.__class__,
-                                          average=reduce_op is ReduceOp.AVERAGE)
+    if lossy is not None:  # top-k's momentum correction (runtime/momentum.py)
+        wrapped.session.binding.correct_momentum(wrapped, average=reduce_op is ReduceOp.AVERAGE)
     return wrapped

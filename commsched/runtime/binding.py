@@ -5,6 +5,7 @@ Horovod] in world/bootstrap.py)."""
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 
@@ -56,6 +57,11 @@ class WorldBinding:
         self.recorded: ModuleProfile | None = None
         self.compressed: CompressedGradients | None = None
         self.lossy_scale = 1.0  # the engine's pre- x post-scale
+        # Top-k's momentum correction, attached to each bind's compressor: the wrapped optimizer
+        # (held weakly: it holds the session, which holds this) and whether the op averages.
+        self.momentum_of: tuple[weakref.ref[torch.optim.Optimizer], bool] | None = None
+        self.momentum_warned = False
+        self.binds = 0  # how many times bind() ran: an elastic job's re-forms are the rest
 
     def bind(self, iteration: Callable[[], int], passes: int) -> None:
         """Everything that needs the world: the checks across ranks, the engine and its
@@ -71,6 +77,8 @@ class WorldBinding:
             prepare_file(timeline_path(config.timeline, world.rank), "COMMSCHED_TIMELINE")
         self.compressed = None if options.lossy is None else CompressedGradients(
             options.lossy, self.specs, self.params, world.size, world.rank)
+        self._correct_momentum()
+        self.binds += 1
         wire = [] if self.compressed is None else self.compressed.wire_specs
         check_ranks_agree(world, config, options, self.specs, self.params, self.routed)
         self.sparse = SparseExchange(world, self.routed, options.op, passes)
@@ -97,12 +105,30 @@ class WorldBinding:
             self.lifecycle.sharded = ShardedState(self.base_cls, self.deferred.user, self.params,
                                                   world, postscale, self.engine)
 
+    def correct_momentum(self, optimizer: torch.optim.Optimizer, average: bool) -> None:
+        """Top-k under `optimizer`'s momentum gets DGC's correction (runtime/momentum.py), in
+        this world and in each one an elastic job re-forms."""
+        self.momentum_of = (weakref.ref(optimizer), average)
+        self._correct_momentum()
+
+    def _correct_momentum(self) -> None:
+        optimizer = None if self.momentum_of is None else self.momentum_of[0]()
+        if self.compressed is None or optimizer is None or self.momentum_of is None:
+            return
+        with warnings.catch_warnings():
+            if self.momentum_warned:  # where none applies, the first attach said so
+                warnings.simplefilter("ignore")
+            self.compressed.attach(optimizer, self.base_cls, average=self.momentum_of[1])
+        self.momentum_warned = True
+
     def start(self, iteration: int) -> None:
         """After bind(), with the iteration the world agreed on: the compressor and the plan
         start there, and the parts are bound."""
         if self.compressed is not None:
             self.compressed.begin(self.engine)
-            self.compressed.switch_on_at(iteration, self.lifecycle)
+            # Compressing from here on if the run is past the start step: the first plan
+            # carries the wire tensors then (an elastic job's new world starts mid-run).
+            self.compressed.restored_at(iteration, self.lifecycle)
         self.lifecycle.start(iteration)
         self.bound = True
 

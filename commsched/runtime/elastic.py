@@ -25,10 +25,6 @@ def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
                          "run in an elastic Horovod job yet: each rank holds the optimizer "
                          "state of its slices only, which would be lost with a worker and would "
                          "have to move to the re-formed world's slices; leave it off there")
-    if options.lossy is not None:
-        raise ValueError("commsched: PowerSGD and top-k keep per-rank error-feedback state "
-                         "that an elastic Horovod job cannot re-form after losing a worker; "
-                         "use compression none, fp16 or bf16 there")
 
 
 # Note [Elastic Horovod and deferred updates]
@@ -46,6 +42,18 @@ def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
 # (`auto` decides again). A forward pass between the two runs no hook: nothing is pending.
 # Horovod's other load, its sync after a host was added, follows a commit: nothing is pending
 # then either, and the world re-forms at the next step anyway.
+
+# Note [Elastic Horovod and compressor state]
+# PowerSGD and top-k keep state per rank: the error-feedback residuals (top-k under momentum
+# SGD: DGC's velocities) and PowerSGD's warm-start Q. A rank's residual is what its own messages
+# left out; it means nothing to another rank, and a lost worker takes its own with it. After a
+# re-form the ranks are numbered anew, so no rank can take over another's. Each bind (the first
+# step, and every re-formed world) therefore makes a new compressor: residuals and velocities
+# zero, Q at its seeded start, the same on every rank. The committed parameters and optimizer
+# state are restored as under every policy; only what the compressors had not yet sent is
+# dropped, as when a run starts. (A restore loads no compressor state: load_state_dict() unbinds
+# first, and the next bind starts afresh.) tests/e2e/elastic_job.py replays each rank's
+# compressor from zero at every bind and ends where the job ends.
 
 
 class ElasticGuard:

@@ -195,7 +195,7 @@ def correction_for(lossy: LossyCompression, optimizer: torch.optim.Optimizer,
         return None
     what = uncorrected_momentum(optimizer, base_cls, params)
     if what is not None:
-        warnings.warn(NO_CORRECTION.format(what=what), UserWarning, stacklevel=4)
+        warnings.warn(NO_CORRECTION.format(what=what), UserWarning, stacklevel=6)
     if not steps_as_sgd(base_cls):
         return None
     return MomentumCorrection(optimizer, params, shapes, 1.0 if average else 1.0 / world_size)

@@ -116,16 +116,16 @@ class Session:
         self.elastic_guard = ElasticGuard(self.binding, self.accumulation)
         if not elastic_job:  # an elastic job binds at its first step
             self._bind()
-        intake = self.accumulation.intake
-        for tid in [] if self.compressed is None else self.compressed.ids:
-            intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
-        self.hooks.install(intake, self.params, self._routed)
+        self.hooks.install(self.accumulation.intake, self.params, self._routed)
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
     def _bind(self) -> None:
         """Binds to the world of now (WorldBinding.bind), and starts the plan there."""
         self.binding.bind(iteration_reader(self), self.accumulation.passes)
-        self.accumulation.intake.set_engine(self.engine.native)  # also an elastic job's new one
+        intake = self.accumulation.intake
+        intake.set_engine(self.engine.native)  # also an elastic job's new one
+        for tid in [] if self.compressed is None else self.compressed.ids:
+            intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
         elastic_job = self.binding.elastic
         if elastic_job:  # a joining worker starts at 0: rank 0 holds the committed position
             self.iteration = int(self.world.broadcast_object(self.iteration))

@@ -1,13 +1,15 @@
 """Runs under an elastic ``horovodrun`` (test_elastic_horovodrun.py): trains 20 steps inside
 ``hvd.elastic.run`` with a ``hvd.elastic.TorchState`` holding one model and commsched optimizer
-per policy of ELASTIC_JOB_POLICY (comma-separated, default horovod), side by side, committing
-after every step, while the job loses a worker and (optionally) gains one.
+per entry of ELASTIC_JOB_POLICY (comma-separated policies, default horovod, each optionally with
+"+powersgd" or "+topk"), side by side, committing after every step, while the job loses a
+worker and (optionally) gains one.
 
 Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
     DIR       holds `hosts` (what the discovery script prints; rank 0 appends ADD_HOST to it at
               step ADD_AT) and receives, per worker host, `log.<host>.jsonl` (one line per
-              executed step: step, Horovod's and commsched's world size, each plan; a step run
-              again after a restore appears again; or the error a step raised) and
+              executed step: step, Horovod's and commsched's world size, each plan and how
+              many times each optimizer had bound to a world; a step run again after a restore
+              appears again; or the error a step raised) and
               `final.<host>.pt` (each policy's parameters at the end)
     KILL_AT   the worker that is rank 1 at that step kills itself (SIGKILL) before its forward
               pass (once per job: a marker file in DIR); -1 for never
@@ -15,7 +17,9 @@ Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
 
 Each rank's batch follows from (step, rank), so a reference replaying the logged steps with
 their world sizes recomputes the average gradient of every committed step (`reference`); a
-step averaged over the wrong ranks, applied twice or lost shows in the parameters.
+step averaged over the wrong ranks, applied twice or lost shows in the parameters. Under a
+lossy compressor the replay runs every rank's compressor, each starting afresh at every bind
+(Note [Elastic Horovod and compressor state] in commsched/runtime/elastic.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 from torch import nn
 
 import commsched
+import commsched.compression_math as cm
+from commsched.compression import PowerSGD, TopK
+from commsched.optimizer import _DistributedOptimizer as Wrapped
 
 STEPS = 20
 ROWS = 4
@@ -59,6 +66,11 @@ def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
     return nn.functional.mse_loss(model(x), y)
 
 
+# What an entry of ELASTIC_JOB_POLICY after its "+" compresses with.
+LOSSY: dict[str, PowerSGD | TopK] = {"powersgd": commsched.Compression.powersgd(rank=1),
+                                     "topk": commsched.Compression.topk(ratio=0.1)}
+
+
 def committed_steps(log_lines: list[dict]) -> list[tuple[int, int]]:
     """(step, world size) of each step as it stands at the end: a step executed again after a
     restore replaces the earlier execution."""
@@ -69,16 +81,66 @@ def committed_steps(log_lines: list[dict]) -> list[tuple[int, int]]:
     return sorted(sizes.items())
 
 
-def reference(steps: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """One process replaying `steps`: each one's gradient is the average over that step's ranks."""
+def committed_binds(log_lines: list[dict], entry: str) -> list[int]:
+    """For each committed step, how many times `entry`'s optimizer had bound to a world when it
+    ran that step (a lossy compressor starts afresh at each bind)."""
+    binds: dict[int, int] = {}
+    for line in log_lines:
+        if "size" in line:
+            binds[line["step"]] = line["binds"][entry]
+    return [binds[step] for step in sorted(binds)]
+
+
+def reference(steps: list[tuple[int, int]], lossy: str | None = None,
+              binds: list[int] | None = None) -> list[torch.Tensor]:
+    """One process replaying `steps`: each one's gradient is the average over that step's ranks,
+    or with `lossy` what its compressor makes of every rank's gradient (compression_math's
+    single-process simulations), each rank's compressor state starting afresh where `binds`
+    changes."""
     model = make_model()
-    opt = make_optimizer(model.parameters())
-    for step, size in steps:
-        opt.zero_grad()
-        total = sum((loss_of(model, step, r) for r in range(size)), torch.zeros(()))
-        (total / size).backward()
+    params: list[torch.Tensor] = list(model.parameters())
+    opt = make_optimizer(params)
+    state: dict = {}
+    for index, (step, size) in enumerate(steps):
+        if binds is not None and (index == 0 or binds[index] != binds[index - 1]):
+            state = {}
+        grads = []
+        for r in range(size):
+            model.zero_grad()
+            loss_of(model, step, r).backward()
+            grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                          for p in params])
+        for i, p in enumerate(params):
+            p.grad = _exchanged(lossy, params, i, [g[i] for g in grads], state, opt)
         opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return [p.detach().clone() for p in params]
+
+
+def _exchanged(lossy: str | None, params: list[torch.Tensor], i: int, grads: list[torch.Tensor],
+               state: dict, opt: torch.optim.Optimizer) -> torch.Tensor:
+    """Parameter i's averaged gradient as the job's compressor makes it from every rank's
+    `grads`; `state` holds, per tensor, the ranks' residuals (velocities) and Q."""
+    compressor, param = None if lossy is None else LOSSY[lossy], params[i]
+    if compressor is None or not compressor.compresses(param.shape):
+        return sum(grads[1:], grads[0].clone()) * (1.0 / len(grads))
+    if isinstance(compressor, PowerSGD):
+        n, m = cm.matrix_shape(param.shape)
+        seed = sum(compressor.compresses(p.shape) for p in params[:i])  # as the compressor's
+        kept = state.setdefault(i, {
+            "q": cm.initial_q(m, compressor.rank_for(param.shape), seed, param.dtype),
+            "e": [torch.zeros(n, m) for _ in grads]})
+        approx, kept["e"], kept["q"] = cm.simulate_powersgd([g.reshape(n, m) for g in grads],
+                                                            kept["e"], kept["q"])
+        return approx.reshape(param.shape)
+    kept = state.setdefault(i, {"u": [torch.zeros_like(param) for _ in grads],
+                                "v": [torch.zeros_like(param) for _ in grads]})
+    update, kept["u"], kept["v"] = cm.simulate_dgc(grads, kept["u"], kept["v"],
+                                                   compressor.k(param.numel()), MOMENTUM)
+    # DGC's update already holds the momentum: the optimizer's own starts from zero each step.
+    buffer = opt.state.get(param, {}).get("momentum_buffer")
+    if buffer is not None:
+        buffer.zero_()
+    return update
 
 
 def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
@@ -88,10 +150,8 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     # One model per policy, side by side in one job (each its own engine and plan): every one
     # must end where the same replay ends.
     policies = os.environ.get("ELASTIC_JOB_POLICY", "horovod").split(",")
-    models = {policy: make_model() for policy in policies}
-    opts = {policy: commsched.DistributedOptimizer(
-        make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-        model=model, policy=policy) for policy, model in models.items()}
+    models = {entry: make_model() for entry in policies}
+    opts = {entry: wrap(entry, model) for entry, model in models.items()}
     log_path = os.path.join(out_dir, f"log.{host}.jsonl")
     marker = os.path.join(out_dir, "killed")
 
@@ -135,11 +195,20 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     return 0
 
 
+def wrap(entry: str, model: nn.Module) -> Wrapped:
+    """The optimizer of an ELASTIC_JOB_POLICY entry: a policy, then "+powersgd" or "+topk"."""
+    policy, _, lossy = entry.partition("+")
+    return commsched.DistributedOptimizer(
+        make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
+        model=model, policy=policy, compression=LOSSY[lossy] if lossy else None)
+
+
 def write_step(path: str, step: int, size: int, rank: int, opts: dict) -> None:
     write_line(path, {"step": step, "size": size, "rank": rank,
                       "commsched_size": commsched.size(),
                       "plan": {p: opt.plan.fingerprint for p, opt in opts.items()},
-                      "policy": {p: opt.plan.policy for p, opt in opts.items()}})
+                      "policy": {p: opt.plan.policy for p, opt in opts.items()},
+                      "binds": {p: opt.session.binding.binds for p, opt in opts.items()}})
 
 
 def write_line(path: str, line: dict) -> None:

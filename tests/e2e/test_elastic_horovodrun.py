@@ -91,11 +91,20 @@ def _check(logs: dict, finals: dict, survivors: int, expected_sizes: list[int]) 
     assert all(line["commsched_size"] == line["size"] for line in lines), lines
     steps = elastic_job.committed_steps(lines)
     assert steps == list(enumerate(expected_sizes)), steps
-    expected = elastic_job.reference(steps)
-    for policy, params in first["params"].items():
+    for entry, params in first["params"].items():
+        lossy = entry.partition("+")[2] or None
+        binds = elastic_job.committed_binds(lines, entry)
+        # Bound at the first step, and again exactly where the world was re-formed.
+        sizes = [size for _, size in steps]
+        assert binds[0] == 1 and _changes(binds) == _changes(sizes), (entry, binds)
+        expected = elastic_job.reference(steps, lossy, binds)
         diff = max(float((p - q).abs().max()) for p, q in zip(params, expected, strict=True))
         # Not bit-equal: a sum over 3 ranks rounds by where Gloo's ring adds each part.
-        assert diff < 1e-6, f"{policy}: max difference from the replayed reference {diff:.3g}"
+        assert diff < 1e-6, f"{entry}: max difference from the replayed reference {diff:.3g}"
+
+
+def _changes(values: list[int]) -> list[bool]:
+    return [b != a for a, b in zip(values, values[1:], strict=False)]
 
 
 @pytest.mark.e2e
@@ -104,10 +113,12 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     _check(logs, finals, survivors=2, expected_sizes=[3] * 5 + [2] * 15)
 
 
-# The synchronous mgwfbp beside every policy that defers updates to the next forward pass, and
-# `auto`, which may choose one: each loses the worker killed at step 5, takes the one added at
-# step 10 and ends where the replay of the committed steps ends.
-EVERY_MODE = "mgwfbp,dear,bytescheduler,prophet,auto"
+# The synchronous mgwfbp beside every policy that defers updates to the next forward pass,
+# `auto`, which may choose one, and the lossy compressors under both kinds of plan: each loses
+# the worker killed at step 5, takes the one added at step 10 and ends where the replay of the
+# committed steps ends.
+EVERY_MODE = ("mgwfbp,dear,bytescheduler,prophet,auto,"
+              "mgwfbp+powersgd,dear+powersgd,horovod+topk,prophet+topk")
 
 
 @pytest.mark.e2e

@@ -144,3 +144,39 @@ def test_sharding_is_refused_in_an_elastic_job(elastic_world) -> None:
         commsched.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(),
                                        shard_optimizer=True)
+
+
+@pytest.mark.parametrize("lossy", ["powersgd", "topk"])
+def test_a_compressor_starts_afresh_at_each_bind(elastic_world, lossy: str) -> None:
+    # Note [Elastic Horovod and compressor state]: each bind makes a new compressor, with top-k's
+    # momentum correction attached (DGC under momentum SGD) and nothing left over.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    compression = commsched.Compression.powersgd(rank=1) if lossy == "powersgd" \
+        else commsched.Compression.topk(ratio=0.1)
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=compression, profile_steps=1)
+    assert opt.session.compressed is None  # no world before the first step
+
+    def step() -> None:
+        opt.zero_grad()
+        model(torch.randn(5, 8)).square().sum().backward()
+        opt.step()
+
+    step()
+    committed = opt.state_dict()
+    step()
+    first = opt.session.compressed
+    assert first is not None and first.on and opt.session.binding.binds == 1
+    assert (first.correction is not None) == (lossy == "topk")
+    # A world of one sends everything it can; what stays behind is the rest of M: not zero.
+    assert any(float(e.abs().sum()) > 0 for e in first.residuals)
+    bootstrap.world().fail("peer gone")
+    opt.load_state_dict(committed)
+    assert opt.session.iteration == 1
+    step()
+    second = opt.session.compressed
+    assert second is not None and second is not first and opt.session.binding.binds == 2
+    assert (second.correction is not None) == (lossy == "topk")
+    assert second.on and opt.session.iteration == 2
