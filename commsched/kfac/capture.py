@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import factors as fx
-from .exchange import FactorExchange
+from .binding import FactorWorld
 
 
 class FactorCapture:
@@ -26,25 +26,26 @@ class FactorCapture:
         grad_scaler: the loss scale's source that G is divided by, or None.
     """
 
-    def __init__(self, layers: list[tuple[str, nn.Module]], exchange: FactorExchange,
-                 updating: Callable[[], bool], dtype: torch.dtype, pack: bool, pipelined: bool,
+    def __init__(self, layers: list[tuple[str, nn.Module]], parts: Callable[[], FactorWorld],
+                 updating: Callable[[], bool], dtype: torch.dtype, pipelined: bool,
                  grad_scaler: Any) -> None:
         """Hooks each (name, module) of `layers`.
 
         Args:
             layers: the preconditioned layers' names and modules.
-            exchange: where the factors are averaged across ranks.
+            parts: the world's parts of now, whose factor exchange averages the factors across
+                ranks (and whether only their upper triangles travel); asked per factor, since
+                an elastic job's first factor of a step may bind to a re-formed world.
             updating: whether this step updates the factors (asked in each forward pass).
             dtype: the factors' dtype.
-            pack: send only the upper triangles of the symmetric factors.
             pipelined: hand each factor over as soon as it is computed; False holds them until
                 hand_over().
             grad_scaler: a ``torch.amp.GradScaler``, or a callable returning the loss scale;
                 None without loss scaling.
         """
-        self.exchange = exchange
+        self.parts = parts
         self.updating = updating
-        self.dtype, self.pack, self.pipelined = dtype, pack, pipelined
+        self.dtype, self.pipelined = dtype, pipelined
         self.grad_scaler = grad_scaler
         self.held: dict[str, torch.Tensor] = {}  # unpipelined: factors kept until step()
         self.computed: set[str] = set()  # factors computed since the last step()
@@ -81,10 +82,11 @@ class FactorCapture:
     def _submit(self, name: str, factor: torch.Tensor) -> None:
         # A layer run twice in one step contributes its first input and the first output
         # gradient to arrive (activation checkpointing recomputes the very same input).
+        parts = self.parts()
         self.computed.add(name)
-        flat = fx.pack_upper(factor) if self.pack else factor.reshape(-1).contiguous()
+        flat = fx.pack_upper(factor) if parts.pack else factor.reshape(-1).contiguous()
         if self.pipelined:
-            self.exchange.submit(name, flat)
+            parts.factors.submit(name, flat)
         else:
             self.held[name] = flat
 
@@ -92,10 +94,15 @@ class FactorCapture:
         """Ends the step's capture: held (unpipelined) factors go to the exchange now."""
         if not self.pipelined:  # all factors handed over only now, for comparison
             held, self.held = self.held, {}
-            for name in self.exchange.factor_names:  # in the plan's ready order
+            exchange = self.parts().factors
+            for name in exchange.factor_names:  # in the plan's ready order
                 if name in held:
-                    self.exchange.submit(name, held[name])
+                    exchange.submit(name, held[name])
         self.computed.clear()
+
+    def forget(self) -> None:
+        """Drops what the passes since the last step() computed (an elastic job's restore)."""
+        self.held, self.computed = {}, set()
 
     def remove(self) -> None:
         """Removes the layer hooks."""

@@ -11,7 +11,6 @@ Use with commsched.DistributedOptimizer (docs/kfac.md):
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,15 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import world
 from ..config import load_config
 from ..world.errors import elastic
 from . import factors as fx
+from .binding import FactorWorld, bind, make_layout
 from .capture import FactorCapture
-from .exchange import FactorExchange, ResultExchange
-from .placement import LOCAL, Placement, assign
-
-log = logging.getLogger("commsched")
+from .elastic import register_state_handler
+from .placement import LOCAL, Assignment, Placement
 
 Schedule = float | Callable[[int], float]
 
@@ -111,6 +108,8 @@ class KFACPreconditioner:
         steps: step() calls so far; the argument of every schedule (callable hyper-parameter).
         last_scale: the KL-clip factor the last step() applied (1.0: no clipping).
         assignment: which rank computes which factor's decomposition (logged at INFO).
+        bound: the exchanges and placement for the world of now (kfac/binding.py), or None
+            before an elastic job's first use.
     """
 
     def __init__(self, model: nn.Module, *, factor_update_steps: int | Callable[[int], int] = 1,
@@ -121,6 +120,9 @@ class KFACPreconditioner:
                  symmetric: bool = True, pipelined: bool = True,
                  profile_steps: int | None = None, grad_scaler: Any = None) -> None:
         """Hooks `model`'s layers and joins the world; every rank constructs it alike.
+
+        In an elastic Horovod job it joins at its first use instead, and again in each world
+        the job re-forms; pass it to ``hvd.elastic.TorchState`` (docs/kfac.md).
 
         `damping`, `factor_decay`, `kl_clip`, `lr`, `factor_update_steps` and `inv_update_steps`
         may be callables of the step number (``steps``, from 0), checked when called.
@@ -152,8 +154,7 @@ class KFACPreconditioner:
 
         Raises:
             ValueError: a hyper-parameter out of range or of the wrong type, an unknown
-                compute_method or placement, no layer to precondition (after skip_layers), or
-                an elastic Horovod job, after which it could not re-form.
+                compute_method or placement, or no layer to precondition (after skip_layers).
             ConfigError: a ``COMMSCHED_*`` knob it reads has a value that is not allowed.
         """
         _check_arguments(factor_update_steps, inv_update_steps, damping, factor_decay, kl_clip,
@@ -181,31 +182,51 @@ class KFACPreconditioner:
 
         def like() -> torch.Tensor:  # read at use time: the model may move after construction
             return first_weight.new_zeros(0, dtype=dtype)
-        if elastic():
-            raise ValueError("commsched: the K-FAC preconditioner does not re-form after an "
-                             "elastic Horovod job loses or gains a worker; run it under a "
-                             "horovodrun without --min-np/--max-np/--host-discovery-script")
-        self.world = world.init()
-        self._pack = symmetric and self.world.size > 1  # upper triangles only where they travel
-        cfg = load_config()
-        steps = cfg.profile_steps if profile_steps is None else profile_steps
-        self.dims = {f"{lay.name}.A": fx.a_dim(lay.module) for lay in self.layers}
-        self.dims.update({f"{lay.name}.G": fx.g_dim(lay.module) for lay in self.layers})
-        order = [f"{lay.name}.A" for lay in self.layers] + \
-            [f"{lay.name}.G" for lay in reversed(self.layers)]
-        self.factors = FactorExchange(self.world, order, [self._factor_numel(n) for n in order],
-                                      like, cfg, steps)
-        layer_order = [(n, self.dims[n]) for lay in self.layers
-                       for n in (f"{lay.name}.A", f"{lay.name}.G")]
-        self.assignment = assign(layer_order, self.world.size, self.placement, local_threshold)
-        log.info("commsched.kfac: %s placement on rank %d: %s", self.placement.value,
-                 self.world.rank, self.assignment.describe())
-        owned = [[(n, self._result_numel(n)) for n in self.assignment.owned_by(r)]
-                 for r in range(self.world.size)]
-        self.results = ResultExchange(self.world, owned, like, cfg)
-        self.capture = FactorCapture([(lay.name, lay.module) for lay in self.layers], self.factors,
-                                     self._updating_factors, dtype, self._pack, pipelined,
-                                     grad_scaler)
+        self._like, self._cfg = like, load_config()
+        self._profile_steps = self._cfg.profile_steps if profile_steps is None else profile_steps
+        self._local_threshold = local_threshold
+        self.dims = {f"{lay.name}.{kind}": dim for lay in self.layers
+                     for kind, dim in (("A", fx.a_dim(lay.module)), ("G", fx.g_dim(lay.module)))}
+        self.layout = make_layout(self.dims, symmetric, self.method)
+        self.capture = FactorCapture([(lay.name, lay.module) for lay in self.layers], self._parts,
+                                     self._updating_factors, dtype, pipelined, grad_scaler)
+        # The parts for the world of now (kfac/binding.py): made here, or in an elastic Horovod
+        # job at the first use and again in every re-formed world (Note [Elastic K-FAC]).
+        self.bound: FactorWorld | None = None
+        self.elastic = elastic()
+        if self.elastic:
+            register_state_handler(KFACPreconditioner)
+        else:
+            self._parts()
+
+    # -- the world -------------------------------------------------------------------------------
+
+    def _parts(self) -> FactorWorld:
+        """The exchanges for the world of now.
+
+        (Re)binds where there are none or an elastic job's world changed (collective: every
+        rank reaches it at the same point).
+        """
+        if self.bound is None or (self.elastic and self.bound.stale):
+            self._unbind()
+            self.bound = bind(self.layout, self._like, self._cfg, self._profile_steps,
+                              self.placement, self._local_threshold, self.steps)
+        return self.bound
+
+    def _unbind(self) -> None:
+        """Drops the exchanges, and what the passes since the last step() computed.
+
+        Their engines stop without waiting: an elastic job's world may have lost a peer.
+        """
+        if self.bound is not None:
+            self.bound.shutdown()
+            self.bound = None
+        self.capture.forget()
+
+    @property
+    def assignment(self) -> Assignment:
+        """Which rank computes which factor's decomposition (logged at INFO)."""
+        return self._parts().assignment
 
     # -- schedules -------------------------------------------------------------------------------
 
@@ -221,16 +242,6 @@ class KFACPreconditioner:
 
     def _updating_factors(self) -> bool:
         return self.steps % self._interval(self.factor_update_steps, "factor_update_steps") == 0
-
-    def _factor_numel(self, name: str) -> int:
-        dim = self.dims[name]
-        return fx.upper_numel(dim) if self.symmetric else dim * dim
-
-    def _result_numel(self, name: str) -> int:
-        dim = self.dims[name]
-        if self.method is fx.ComputeMethod.EIGEN:
-            return dim * dim + dim
-        return self._factor_numel(name)
 
     # -- step ---------------------------------------------------------------------------------
 
@@ -260,7 +271,7 @@ class KFACPreconditioner:
 
     def _update_factors(self) -> None:
         self.capture.hand_over()
-        averaged = self.factors.finish()
+        averaged = self._parts().factors.finish()
         decay = float(self._at(self.factor_decay))
         for layer in self.layers:
             for kind in ("a", "g"):
@@ -273,14 +284,15 @@ class KFACPreconditioner:
                 setattr(layer, kind, new if old is None else decay * old + (1 - decay) * new)
 
     def _unflatten(self, flat: torch.Tensor, dim: int) -> torch.Tensor:
-        return fx.unpack_upper(flat, dim) if self._pack else flat.reshape(dim, dim).clone()
+        packed = self._parts().pack
+        return fx.unpack_upper(flat, dim) if packed else flat.reshape(dim, dim).clone()
 
     def _decompose(self, name: str, factor: torch.Tensor, damping: float) -> torch.Tensor:
         if self.method is fx.ComputeMethod.EIGEN:
             vectors, values = fx.eigen(factor)
             return torch.cat([vectors.reshape(-1), values])
         inverse = fx.damped_inverse(factor, damping)
-        return fx.pack_upper(inverse) if self._pack else inverse.reshape(-1)
+        return fx.pack_upper(inverse) if self._parts().pack else inverse.reshape(-1)
 
     def _update_decompositions(self) -> None:
         damping = float(self._at(self.damping))
@@ -294,10 +306,10 @@ class KFACPreconditioner:
         for layer in ready:
             assert layer.a is not None and layer.g is not None
             factor_of[f"{layer.name}.A"], factor_of[f"{layer.name}.G"] = layer.a, layer.g
-        owner = self.assignment.owner
-        rank = self.world.rank
+        parts = self._parts()
+        owner, rank = parts.assignment.owner, parts.world.rank
         mine = {n: self._decompose(n, factor_of[n], damping) for n in factor_of if owner[n] == rank}
-        shared = self.results.share(mine)
+        shared = parts.results.share(mine)
         for name in factor_of:
             if owner[name] == LOCAL:
                 shared[name] = self._decompose(name, factor_of[name], damping)
@@ -349,7 +361,8 @@ class KFACPreconditioner:
         """
         layers = {lay.name: {"a": lay.a, "g": lay.g, **lay.decomposition} for lay in self.layers}
         return {"steps": self.steps, "layers": layers, "compute_method": self.method.value,
-                "symmetric": self.symmetric, "factor_exchange": self.factors.state()}
+                "symmetric": self.symmetric,
+                "factor_exchange": None if self.bound is None else self.bound.factors.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what state_dict() saved, on this rank, moving tensors to the factors' device.
@@ -361,6 +374,8 @@ class KFACPreconditioner:
             ValueError: `state` was saved with another compute_method, or for other layers.
         """
         _check_checkpoint(state, self.method, [lay.name for lay in self.layers])
+        if self.elastic:  # Note [Elastic K-FAC]: the next use binds to the world of now
+            self._unbind()
         saved = state["layers"]
         for layer in self.layers:
             device = fx.weight_of(layer.module).device
@@ -370,11 +385,10 @@ class KFACPreconditioner:
             layer.a, layer.g = entry.pop("a"), entry.pop("g")
             layer.decomposition = {k: v for k, v in entry.items() if v is not None}
         self.steps = int(state["steps"])
-        if "factor_exchange" in state:
-            self.factors.restore(state["factor_exchange"])
+        if state.get("factor_exchange") is not None and self.bound is not None:
+            self.bound.factors.restore(state["factor_exchange"])
 
     def shutdown(self) -> None:
         """Removes the layer hooks and stops the preconditioner's engines and their threads."""
         self.capture.remove()
-        self.factors.shutdown()
-        self.results.shutdown()
+        self._unbind()

@@ -61,7 +61,8 @@ def _train(variant: str, world: int, rank: int, distributed: bool) -> dict:
         else:
             precond.step()
             opt.step()
-    plan = precond.factors.plan
+    assert precond.bound is not None
+    plan = precond.bound.factors.plan
     out = {"params": [p.detach().clone() for p in model.parameters()],
            "assignment": precond.assignment.describe(), "owner": dict(precond.assignment.owner),
            "factor_plan": None if plan is None else (plan.policy, plan.fingerprint)}
@@ -123,10 +124,11 @@ def _checkpointed(world: int, steps: range, load: str = "", save: str = "") -> d
     if save:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "kfac": precond.state_dict()}, save.format(rank=rank))
-    plan = precond.factors.plan
+    assert precond.bound is not None
+    plan = precond.bound.factors.plan
     out = {"params": [p.detach().clone() for p in model.parameters()],
            "factor_plan": None if plan is None else plan.fingerprint,
-           "factor_updates": precond.factors.updates}
+           "factor_updates": precond.bound.factors.updates}
     precond.shutdown()
     return out
 

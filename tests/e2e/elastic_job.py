@@ -1,7 +1,7 @@
 """Runs under an elastic ``horovodrun`` (test_elastic_horovodrun.py): trains 20 steps inside
 ``hvd.elastic.run`` with a ``hvd.elastic.TorchState`` holding one model and commsched optimizer
 per entry of ELASTIC_JOB_POLICY (comma-separated policies, default horovod, each optionally with
-"+powersgd" or "+topk"), side by side, committing after every step, while the job loses a
+"+powersgd", "+topk" or "+kfac"), side by side, committing after every step, while the job loses a
 worker and (optionally) gains one.
 
 Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
@@ -38,6 +38,7 @@ from torch import nn
 import commsched
 import commsched.compression_math as cm
 from commsched.compression import PowerSGD, TopK
+from commsched.kfac import KFACPreconditioner
 from commsched.optimizer import _DistributedOptimizer as Wrapped
 
 STEPS = 20
@@ -63,7 +64,14 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
     x, y = batch(step, rank)
-    return nn.functional.mse_loss(model(x), y)
+    dtype = next(model.parameters()).dtype
+    return nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
+
+
+def make_entry_model(entry: str) -> nn.Module:
+    # K-FAC's damped inverses magnify rounding (by up to 1 / damping): in float64 the factors
+    # summed over 3 ranks and over one concatenated batch still agree to well within 1e-6.
+    return make_model().double() if entry.endswith("+kfac") else make_model()
 
 
 # What an entry of ELASTIC_JOB_POLICY after its "+" compresses with.
@@ -97,6 +105,8 @@ def reference(steps: list[tuple[int, int]], lossy: str | None = None,
     or with `lossy` what its compressor makes of every rank's gradient (compression_math's
     single-process simulations), each rank's compressor state starting afresh where `binds`
     changes."""
+    if lossy == "kfac":
+        return _kfac_reference(steps)
     model = make_model()
     params: list[torch.Tensor] = list(model.parameters())
     opt = make_optimizer(params)
@@ -114,6 +124,29 @@ def reference(steps: list[tuple[int, int]], lossy: str | None = None,
             p.grad = _exchanged(lossy, params, i, [g[i] for g in grads], state, opt)
         opt.step()
     return [p.detach().clone() for p in params]
+
+
+def _kfac_reference(steps: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """K-FAC in a world of one on each step's ranks' batches concatenated: the same averaged
+    gradient and factors (tests/dist/test_kfac_dist.py); its state is never reset."""
+    model = make_entry_model("+kfac")
+    opt = make_optimizer(model.parameters())
+    precond = make_preconditioner(model)
+    for step, size in steps:
+        rows = [batch(step, r) for r in range(size)]
+        opt.zero_grad()
+        nn.functional.mse_loss(model(torch.cat([x for x, _ in rows]).double()),
+                               torch.cat([y for _, y in rows]).double()).backward()
+        precond.step()
+        opt.step()
+    precond.shutdown()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def make_preconditioner(model: nn.Module) -> KFACPreconditioner:
+    # Every decomposition placed on a rank and shared (local_threshold=0), recomputed every
+    # third step: the commit restored at step 5 holds those of step 3.
+    return KFACPreconditioner(model, inv_update_steps=3, local_threshold=0, lr=LR)
 
 
 def _exchanged(lossy: str | None, params: list[torch.Tensor], i: int, grads: list[torch.Tensor],
@@ -150,8 +183,10 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     # One model per policy, side by side in one job (each its own engine and plan): every one
     # must end where the same replay ends.
     policies = os.environ.get("ELASTIC_JOB_POLICY", "horovod").split(",")
-    models = {entry: make_model() for entry in policies}
+    models = {entry: make_entry_model(entry) for entry in policies}
     opts = {entry: wrap(entry, model) for entry, model in models.items()}
+    precs = {entry: make_preconditioner(models[entry]) for entry in policies
+             if entry.endswith("+kfac")}
     log_path = os.path.join(out_dir, f"log.{host}.jsonl")
     marker = os.path.join(out_dir, "killed")
 
@@ -165,10 +200,16 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
             if step == add_at and size < 3:
                 wait_for_new_host(state, out_dir, add_host)
             try:
-                for policy, opt in opts.items():
+                for entry, opt in opts.items():
                     opt.zero_grad()
-                    loss_of(models[policy], step, rank).backward()
-                    opt.step()
+                    loss_of(models[entry], step, rank).backward()
+                    if entry in precs:  # docs/kfac.md's loop
+                        opt.synchronize()
+                        precs[entry].step()
+                        with opt.skip_synchronize():
+                            opt.step()
+                    else:
+                        opt.step()
                 state.batch = step + 1
                 # state.commit() in its two parts. The save applies what an overlap plan defers
                 # (Note [Elastic Horovod and deferred updates]): a lost peer may show there.
@@ -185,6 +226,7 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
 
     handlers: dict[str, object] = {f"model_{i}": models[p] for i, p in enumerate(policies)}
     handlers.update({f"optimizer_{i}": opts[p] for i, p in enumerate(policies)})
+    handlers.update({f"kfac_{i}": precs[p] for i, p in enumerate(policies) if p in precs})
     state = hvd.elastic.TorchState(batch=0, **handlers)
     train(state)
     torch.save({"params": {p: [t.detach() for t in m.parameters()] for p, m in models.items()},
@@ -196,11 +238,12 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
 
 
 def wrap(entry: str, model: nn.Module) -> Wrapped:
-    """The optimizer of an ELASTIC_JOB_POLICY entry: a policy, then "+powersgd" or "+topk"."""
+    """The optimizer of an ELASTIC_JOB_POLICY entry: a policy, then "+powersgd", "+topk" or
+    "+kfac" (a K-FAC preconditioner beside it)."""
     policy, _, lossy = entry.partition("+")
     return commsched.DistributedOptimizer(
         make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-        model=model, policy=policy, compression=LOSSY[lossy] if lossy else None)
+        model=model, policy=policy, compression=LOSSY.get(lossy))
 
 
 def write_step(path: str, step: int, size: int, rank: int, opts: dict) -> None:

@@ -114,11 +114,11 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
 
 
 # The synchronous mgwfbp beside every policy that defers updates to the next forward pass,
-# `auto`, which may choose one, and the lossy compressors under both kinds of plan: each loses
-# the worker killed at step 5, takes the one added at step 10 and ends where the replay of the
-# committed steps ends.
+# `auto`, which may choose one, the lossy compressors under both kinds of plan, and K-FAC: each
+# loses the worker killed at step 5, takes the one added at step 10 and ends where the replay of
+# the committed steps ends.
 EVERY_MODE = ("mgwfbp,dear,bytescheduler,prophet,auto,"
-              "mgwfbp+powersgd,dear+powersgd,horovod+topk,prophet+topk")
+              "mgwfbp+powersgd,dear+powersgd,horovod+topk,prophet+topk,mgwfbp+kfac")
 
 
 @pytest.mark.e2e

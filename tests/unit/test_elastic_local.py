@@ -131,11 +131,47 @@ def test_a_restore_drops_what_an_overlap_plan_defers(elastic_world) -> None:
     assert opt.session.runner is not runner
 
 
-def test_kfac_is_refused_in_an_elastic_job(elastic_world) -> None:
+def test_kfac_binds_at_first_use_and_restores_its_commit(elastic_world) -> None:
+    # Note [Elastic K-FAC]: Horovod's TorchState saves, restores and syncs the preconditioner;
+    # a restore drops its exchanges, and the next use binds to the world of now.
+    from horovod.torch.elastic.state import get_handler_registry
+
     from commsched.kfac import KFACPreconditioner
 
-    with pytest.raises(ValueError, match="K-FAC preconditioner does not re-form"):
-        KFACPreconditioner(nn.Sequential(nn.Linear(3, 2)))
+    model, opt = _setup()
+    precond = KFACPreconditioner(model, inv_update_steps=1)
+    assert precond.bound is None  # no world before the first step
+    # The handler TorchState(..., kfac=precond) takes (its sync needs Horovod initialised).
+    state = next(handler(precond) for cls, handler in get_handler_registry()
+                 if isinstance(precond, cls))
+
+    def step() -> None:
+        opt.zero_grad()
+        model(torch.randn(5, 3)).square().sum().backward()
+        opt.synchronize()
+        precond.step()
+        with opt.skip_synchronize():
+            opt.step()
+
+    step()
+    first = precond.bound
+    assert first is not None and precond.steps == 1
+    state.save()  # a commit
+    committed = {name: lay.a.clone() for name, lay in
+                 ((lay.name, lay) for lay in precond.layers) if lay.a is not None}
+    step()
+    assert precond.steps == 2
+    assert any(not torch.equal(lay.a, committed[lay.name]) for lay in precond.layers
+               if lay.a is not None)
+    bootstrap.world().fail("peer gone")
+    state.restore()  # hvd.elastic.run after a failure
+    assert precond.bound is None and precond.steps == 1
+    assert all(torch.equal(lay.a, committed[lay.name]) for lay in precond.layers
+               if lay.a is not None)
+    step()
+    assert precond.bound is not None and precond.bound is not first and precond.steps == 2
+    assert precond.bound.world is bootstrap.world()
+    precond.shutdown()
 
 
 def test_sharding_is_refused_in_an_elastic_job(elastic_world) -> None:

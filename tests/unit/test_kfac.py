@@ -323,9 +323,10 @@ def test_factors_leave_during_forward_and_backward_only_when_pipelined() -> None
         precond = KFACPreconditioner(model, pipelined=pipelined, local_threshold=0)
         out = model(x)
         a_names = {f"{lay.name}.A" for lay in precond.layers}
-        assert set(precond.factors.submitted) == (a_names if pipelined else set())
+        assert precond.bound is not None
+        assert set(precond.bound.factors.submitted) == (a_names if pipelined else set())
         nn.functional.cross_entropy(out, y).backward()
-        assert len(precond.factors.submitted) == (2 * len(precond.layers) if pipelined else 0)
+        assert len(precond.bound.factors.submitted) == (2 * len(precond.layers) if pipelined else 0)
         precond.step()
         precond.shutdown()
 
