@@ -397,7 +397,8 @@ def DistributedOptimizer(  # Horovod's name: called like a class
             "Sparse gradients").
         process_set: an ``hvd.ProcessSet`` or a list of global ranks: gradients are averaged
             within the set only, and a rank outside it steps on its own gradients. Only the
-            members need to wrap.
+            members need to wrap, except in an elastic Horovod job, where the set is read
+            again in each re-formed world and every rank wraps.
         model: the model whose forward pass commsched may hook; pass the compiled module when
             the model is compiled. The overlap policies (bytescheduler, prophet, dear) need it,
             because they apply each update in the next forward pass; ``auto`` considers them

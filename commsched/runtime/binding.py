@@ -37,6 +37,7 @@ class WorldBinding:
     its iteration through a weak reference)."""
 
     # Made by `bind` (read only while `bound`).
+    formed: World
     world: World
     sparse: SparseExchange
     engine: EngineHandle
@@ -68,8 +69,11 @@ class WorldBinding:
         compressor and runner. All ranks call it together (at wrap time, or at the same step of
         an elastic job). `iteration` reads the session's counter, which the engine stamps."""
         config, options = self.config, self.options
-        self.world = world = world_for(bootstrap.current(config.timeout, config.stall_warning),
-                                       options.process_set)
+        # The whole world, and the one this optimizer reduces in: the view of its process set
+        # (read again in each world an elastic job forms: Note [Elastic Horovod and process
+        # sets] in elastic.py), or the whole world.
+        self.formed = bootstrap.current(config.timeout, config.stall_warning)
+        self.world = world = world_for(self.formed, options.process_set)
         # Output files are checked before any group or engine exists (nothing to undo).
         if config.profile and world.rank == 0:  # rank 0 writes it at the re-plan
             prepare_file(config.profile, "COMMSCHED_PROFILE")
@@ -145,7 +149,7 @@ class WorldBinding:
         """Whether the session must (re)bind before its next collective: never bound, or its
         world is broken or was re-formed (an elastic job only)."""
         return self.elastic and (not self.bound or bootstrap.stale()
-                                 or self.world is not bootstrap.world())
+                                 or self.formed is not bootstrap.world())
 
     def unbind(self) -> None:
         """Stops the engine of a world that failed or changed (no wait: its collectives may

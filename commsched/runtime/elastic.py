@@ -8,18 +8,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from .wrap import WrapOptions
 
 if TYPE_CHECKING:
     from .accumulation import Accumulation
     from .binding import WorldBinding
 
 
-def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
+def refuse_in_elastic_job(config: Config) -> None:
     """Raises ValueError for what an elastic Horovod job cannot restore after losing a worker."""
-    if options.process_set is not None:
-        raise ValueError("commsched: process_set= in an elastic Horovod job is not supported: "
-                         "its ranks are re-numbered when the world is re-formed")
     if config.shard_optimizer:
         raise ValueError("commsched: shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER) does not "
                          "run in an elastic Horovod job yet: each rank holds the optimizer "
@@ -42,6 +38,17 @@ def refuse_in_elastic_job(config: Config, options: WrapOptions) -> None:
 # (`auto` decides again). A forward pass between the two runs no hook: nothing is pending.
 # Horovod's other load, its sync after a host was added, follows a commit: nothing is pending
 # then either, and the world re-forms at the next step anyway.
+
+# Note [Elastic Horovod and process sets]
+# A process set names global ranks, and an elastic job numbers its ranks anew at each re-form.
+# The set is read again in each world the job forms (WorldBinding.bind): it holds the ranks of
+# that number now, whichever workers they are, and a rank outside it steps on its local
+# gradients, as in any job. The workers of a re-formed world start from rank 0's state (Horovod's
+# sync), so nothing a former member or non-member did is carried over. A set that names a rank
+# the new world lacks is refused at that bind (a ValueError naming the set and the size). A
+# failed collective of the set's view marks the whole world broken, whose groups the view's were
+# made in: the next step re-forms it. The iteration a joining worker starts from is rank 0's of
+# the whole world, member or not.
 
 # Note [Elastic Horovod and compressor state]
 # PowerSGD and top-k keep state per rank: the error-feedback residuals (top-k under momentum

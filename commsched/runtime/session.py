@@ -92,7 +92,7 @@ class Session:
         self.options = options
         elastic_job = elastic()
         if elastic_job:
-            refuse_in_elastic_job(config, options)
+            refuse_in_elastic_job(config)
         self.iteration = 0
         self.base_cls = base_cls  # the user's optimizer class (the wrapper's class derives from it)
         self.names = {p: n for n, p in named}
@@ -128,7 +128,7 @@ class Session:
             intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
         elastic_job = self.binding.elastic
         if elastic_job:  # a joining worker starts at 0: rank 0 holds the committed position
-            self.iteration = int(self.world.broadcast_object(self.iteration))
+            self.iteration = int(self.binding.formed.broadcast_object(self.iteration))
         self.pass_through.decide_at_bind(self.world, elastic_job, bool(self._routed),
                                          self.compressed, self.config)
         self.binding.start(self.iteration)

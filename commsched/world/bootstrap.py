@@ -62,6 +62,7 @@ class World:
     # `rank` and `size` being within the set; None for the whole world.
     members: tuple[int, ...] | None = None
     subsets: dict[tuple[int, ...], World] = field(default_factory=dict)  # views made so far
+    parent: World | None = None  # the whole world, for a process set's view
 
     def global_rank(self, rank: int) -> int:
         """The global rank of this world's `rank` (itself for the whole world)."""
@@ -73,6 +74,8 @@ class World:
         An elastic job re-forms a broken world at the next step (Note [Elastic Horovod]).
         """
         self.broken = True
+        if self.parent is not None:  # its groups were made in the whole world: re-form that
+            self.parent.broken = True
         return failure_type()(text)
 
     def _control(self, call: Any, *args: Any, **kwargs: Any) -> None:
@@ -447,6 +450,7 @@ def reform() -> World:
     if old.owns_process_group and dist.is_initialized():
         time.sleep(0.05)  # as in shutdown(): let Gloo's workers take the GIL once more
         dist.destroy_process_group()
+    groups.forget()  # a joining worker names its process sets' groups from zero
     _world = None
     _generation += 1
     log.info("commsched: re-forming the world (was rank %d of %d)", old.rank, old.size)

@@ -49,7 +49,7 @@ def world_for(world: World, process_set: Any) -> World:
         return world
     if world.rank not in members or len(members) == 1:
         return World(0, 1, world.local_rank, world.launcher, None, None, False, world.timeout,
-                     members=(world.rank,))
+                     members=(world.rank,), parent=world)
     view = world.subsets.get(members)
     if view is None:
         backend = dist.get_backend(world.process_group)
@@ -57,7 +57,7 @@ def world_for(world: World, process_set: Any) -> World:
         control = data if backend == "gloo" else subgroup(members, "gloo", world.timeout)
         view = World(members.index(world.rank), len(members), world.local_rank, world.launcher,
                      data, control, False, world.timeout, world.store_address,
-                     world.liveness, members=members)
+                     world.liveness, members=members, parent=world)
         world.subsets[members] = view
     return view
 

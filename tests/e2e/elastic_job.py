@@ -1,8 +1,8 @@
 """Runs under an elastic ``horovodrun`` (test_elastic_horovodrun.py): trains 20 steps inside
 ``hvd.elastic.run`` with a ``hvd.elastic.TorchState`` holding one model and commsched optimizer
 per entry of ELASTIC_JOB_POLICY (comma-separated policies, default horovod, each optionally with
-"+powersgd", "+topk" or "+kfac"), side by side, committing after every step, while the job loses a
-worker and (optionally) gains one.
+"+powersgd", "+topk", "+kfac" or "+ranks01"), side by side, committing after every step, while
+the job loses a worker and (optionally) gains one.
 
 Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
     DIR       holds `hosts` (what the discovery script prints; rank 0 appends ADD_HOST to it at
@@ -74,6 +74,10 @@ def make_entry_model(entry: str) -> nn.Module:
     return make_model().double() if entry.endswith("+kfac") else make_model()
 
 
+# An entry of ELASTIC_JOB_POLICY ending in "+ranks01" reduces in the process set of ranks 0
+# and 1 of each world (the other rank steps alone).
+PROCESS_SET, SET_MEMBERS = "ranks01", [0, 1]
+
 # What an entry of ELASTIC_JOB_POLICY after its "+" compresses with.
 LOSSY: dict[str, PowerSGD | TopK] = {"powersgd": commsched.Compression.powersgd(rank=1),
                                      "topk": commsched.Compression.topk(ratio=0.1)}
@@ -100,11 +104,12 @@ def committed_binds(log_lines: list[dict], entry: str) -> list[int]:
 
 
 def reference(steps: list[tuple[int, int]], lossy: str | None = None,
-              binds: list[int] | None = None) -> list[torch.Tensor]:
-    """One process replaying `steps`: each one's gradient is the average over that step's ranks,
-    or with `lossy` what its compressor makes of every rank's gradient (compression_math's
-    single-process simulations), each rank's compressor state starting afresh where `binds`
-    changes."""
+              binds: list[int] | None = None,
+              ranks: list[list[int]] | None = None) -> list[torch.Tensor]:
+    """One process replaying `steps`: each one's gradient is the average over that step's ranks
+    (or over `ranks[i]` for step i), or with `lossy` what its compressor makes of every rank's
+    gradient (compression_math's single-process simulations), each rank's compressor state
+    starting afresh where `binds` changes."""
     if lossy == "kfac":
         return _kfac_reference(steps)
     model = make_model()
@@ -115,7 +120,7 @@ def reference(steps: list[tuple[int, int]], lossy: str | None = None,
         if binds is not None and (index == 0 or binds[index] != binds[index - 1]):
             state = {}
         grads = []
-        for r in range(size):
+        for r in range(size) if ranks is None else ranks[index]:
             model.zero_grad()
             loss_of(model, step, r).backward()
             grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
@@ -238,12 +243,13 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
 
 
 def wrap(entry: str, model: nn.Module) -> Wrapped:
-    """The optimizer of an ELASTIC_JOB_POLICY entry: a policy, then "+powersgd", "+topk" or
-    "+kfac" (a K-FAC preconditioner beside it)."""
+    """The optimizer of an ELASTIC_JOB_POLICY entry: a policy, then "+powersgd", "+topk",
+    "+kfac" (a K-FAC preconditioner beside it) or "+ranks01" (a process set)."""
     policy, _, lossy = entry.partition("+")
     return commsched.DistributedOptimizer(
         make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-        model=model, policy=policy, compression=LOSSY.get(lossy))
+        model=model, policy=policy, compression=LOSSY.get(lossy),
+        process_set=SET_MEMBERS if lossy == PROCESS_SET else None)
 
 
 def write_step(path: str, step: int, size: int, rank: int, opts: dict) -> None:

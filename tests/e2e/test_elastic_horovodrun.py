@@ -77,6 +77,8 @@ def _check(logs: dict, finals: dict, survivors: int, expected_sizes: list[int]) 
         assert final["size"] == survivors, (host, final["size"])
         assert set(final["iteration"].values()) == {elastic_job.STEPS}, (host, final)
         for policy, params in final["params"].items():
+            if elastic_job.PROCESS_SET in policy:  # a non-member steps alone: _check_set
+                continue
             assert all(torch.equal(p, q) for p, q in zip(params, first["params"][policy],
                                                          strict=True)), \
                 f"{host} differs from rank 0 under {policy}"
@@ -97,10 +99,34 @@ def _check(logs: dict, finals: dict, survivors: int, expected_sizes: list[int]) 
         # Bound at the first step, and again exactly where the world was re-formed.
         sizes = [size for _, size in steps]
         assert binds[0] == 1 and _changes(binds) == _changes(sizes), (entry, binds)
-        expected = elastic_job.reference(steps, lossy, binds)
-        diff = max(float((p - q).abs().max()) for p, q in zip(params, expected, strict=True))
-        # Not bit-equal: a sum over 3 ranks rounds by where Gloo's ring adds each part.
-        assert diff < 1e-6, f"{entry}: max difference from the replayed reference {diff:.3g}"
+        if lossy == elastic_job.PROCESS_SET:
+            _check_set(finals, steps, entry)
+            continue
+        _close(params, elastic_job.reference(steps, lossy, binds), entry)
+
+
+def _close(params: list[torch.Tensor], expected: list[torch.Tensor], what: str) -> None:
+    diff = max(float((p - q).abs().max()) for p, q in zip(params, expected, strict=True))
+    # Not bit-equal: a sum over 3 ranks rounds by where Gloo's ring adds each part.
+    assert diff < 1e-6, f"{what}: max difference from the replayed reference {diff:.3g}"
+
+
+def _check_set(finals: dict, steps: list[tuple[int, int]], entry: str) -> None:
+    """Note [Elastic Horovod and process sets]: the set's ranks of each world average their
+    gradients; since the last re-form, a rank outside it stepped on its own from rank 0's state."""
+    members = elastic_job.SET_MEMBERS
+    averaged = [[r for r in members if r < size] for _, size in steps]
+    last_world = max(i + 1 for i, changed in enumerate(_changes([s for _, s in steps]))
+                     if changed)
+    outside = 0
+    for host, final in finals.items():
+        ranks = list(averaged)
+        if final["rank"] not in members:
+            outside += 1
+            ranks[last_world:] = [[final["rank"]]] * (len(steps) - last_world)
+        _close(final["params"][entry], elastic_job.reference(steps, ranks=ranks),
+               f"{entry} on {host} (rank {final['rank']})")
+    assert outside == 1, "the world of 3 at the end has one rank outside the set"
 
 
 def _changes(values: list[int]) -> list[bool]:
@@ -114,11 +140,12 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
 
 
 # The synchronous mgwfbp beside every policy that defers updates to the next forward pass,
-# `auto`, which may choose one, the lossy compressors under both kinds of plan, and K-FAC: each
-# loses the worker killed at step 5, takes the one added at step 10 and ends where the replay of
-# the committed steps ends.
+# `auto`, which may choose one, the lossy compressors under both kinds of plan, K-FAC and a
+# process set: each loses the worker killed at step 5, takes the one added at step 10 and ends
+# where the replay of the committed steps ends.
 EVERY_MODE = ("mgwfbp,dear,bytescheduler,prophet,auto,"
-              "mgwfbp+powersgd,dear+powersgd,horovod+topk,prophet+topk,mgwfbp+kfac")
+              "mgwfbp+powersgd,dear+powersgd,horovod+topk,prophet+topk,mgwfbp+kfac,"
+              "dear+ranks01")
 
 
 @pytest.mark.e2e
