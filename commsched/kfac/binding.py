@@ -11,8 +11,9 @@ a restore loads it back, and a sync copies rank 0's to every rank, a joining wor
 Loading in an elastic job first drops the exchanges with their engines (no wait: a peer may be
 gone); the next factor hand-over or step() binds to the world of now: the factors' fusion is
 profiled again, and the decompositions are placed on the new ranks. At each bind the ranks
-compare their step counts, so a preconditioner left out of TorchState (whose state was neither
-restored nor synced) fails with a clear error instead of mixing steps.
+compare their step counts: a preconditioner left out of TorchState is neither restored nor
+synced, and where that leaves the ranks at different steps (a joining worker starts at 0) it
+fails with a MismatchError naming them instead of mixing steps.
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ class World:
     # `rank` and `size` being within the set; None for the whole world.
     members: tuple[int, ...] | None = None
     subsets: dict[tuple[int, ...], World] = field(default_factory=dict)  # views made so far
-    parent: World | None = None  # the whole world, for a process set's view
+    # The whole world, for a process set's view (whose groups were made in it).
+    parent: World | None = field(default=None, repr=False, compare=False)
 
     def global_rank(self, rank: int) -> int:
         """The global rank of this world's `rank` (itself for the whole world)."""
@@ -74,7 +75,7 @@ class World:
         An elastic job re-forms a broken world at the next step (Note [Elastic Horovod]).
         """
         self.broken = True
-        if self.parent is not None:  # its groups were made in the whole world: re-form that
+        if self.parent is not None:  # re-form the world its groups were made in
             self.parent.broken = True
         return failure_type()(text)
 
