@@ -34,6 +34,9 @@ import torch
 from . import chaos_job
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
+# Elastic trials also run these: the compressors' per-rank state starts afresh in each world,
+# K-FAC's is restored whole (Note [Elastic Horovod and compressor state], Note [Elastic K-FAC]).
+MODES = ("dear+powersgd", "horovod+topk", "mgwfbp+kfac")
 POINTS = ("forward", "backward", "step", "save")
 HOSTS = ("127.0.0.1", "127.1", "127.0.1")  # one host name per elastic worker (Horovod
 # blacklists a failed worker's host); each spells 127.0.0.1, so every worker runs here
@@ -44,12 +47,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def draw_trials(count: int, seed: int) -> list[dict[str, Any]]:
     """`count` trials from `seed`: launchers alternate, policies and kill points are drawn in
-    turn so that each appears, the killed rank and step at random; every fifth torchrun trial
-    has no restart left and must fail naming the culprit."""
+    turn so that each appears (elastic trials take the MODES first), the killed rank and step
+    at random; every fifth torchrun trial has no restart left and must fail naming the
+    culprit."""
     rng = random.Random(seed)
     policies, points = list(POLICIES), list(POINTS)
     rng.shuffle(policies)
     rng.shuffle(points)
+    entries = {"elastic": [*MODES, *policies[len(policies) // 2:], *policies[:len(policies) // 2]],
+               "torchrun": policies}
     trials = []
     for index in range(count):
         launcher = "elastic" if index % 2 == 0 else "torchrun"
@@ -60,7 +66,8 @@ def draw_trials(count: int, seed: int) -> list[dict[str, Any]]:
         if point == "save" and launcher == "torchrun":  # a step that ends with a checkpoint
             steps = range(chaos_job.SAVE_EVERY - 1, chaos_job.STEPS - 1, chaos_job.SAVE_EVERY)
         trials.append({"index": index, "launcher": launcher, "world": world,
-                       "policy": policies[index % len(policies)], "restarts": restarts,
+                       "policy": entries[launcher][(index // 2) % len(entries[launcher])],
+                       "restarts": restarts,
                        "kill": {"rank": rng.randrange(world), "step": rng.choice(steps),
                                 "point": point}})
     return trials
@@ -129,6 +136,17 @@ def committed_history(trial: dict[str, Any], lines: list[dict[str, Any]]
     return sorted(sizes.items())
 
 
+def committed_binds(lines: list[dict[str, Any]]) -> list[int] | None:
+    """For each committed step, as it ran last, how many times the optimizer had bound to a
+    world (a lossy compressor starts afresh at each bind; every worker of a trial binds
+    together, and none joins); None where not logged (torchrun)."""
+    binds: dict[int, int] = {}
+    for line in lines:
+        if line.get("event") == "step" and "binds" in line:
+            binds[line["step"]] = line["binds"]
+    return [binds[step] for step in sorted(binds)] or None
+
+
 def verdict(trial: dict[str, Any], directory: str, output: str, returncode: int | None,
             hung: bool, started: float, ended: float) -> dict[str, Any]:
     """How the trial ended, and whether that is one of the two allowed endings."""
@@ -156,7 +174,7 @@ def verdict(trial: dict[str, Any], directory: str, output: str, returncode: int 
         return {**out, "outcome": f"failed (exit {returncode})", "ok": False}
     history = committed_history(trial, lines)
     final = torch.load(final_path)
-    expected = chaos_job.reference(history)
+    expected = chaos_job.reference(history, trial["policy"], committed_binds(lines))
     diff = max(float((p - q).abs().max()) for p, q in zip(final["params"], expected,
                                                           strict=True))
     complete = [step for step, _ in history] == list(range(chaos_job.STEPS))

@@ -6,8 +6,9 @@
 
 DIR/trial.json says the launcher ("elastic": inside ``hvd.elastic.run``, committing every
 step; "torchrun": a checkpoint every SAVE_EVERY steps with commsched.checkpoint, resumed from
-at start), the policy, and the kill: the rank that is killed (SIGKILL, once per trial: a marker
-file), at which step, and where:
+at start), the policy (elastic trials: optionally with "+powersgd", "+topk", or "+kfac", a
+K-FAC preconditioner in Horovod's state beside the optimizer), and the kill: the rank that
+is killed (SIGKILL, once per trial: a marker file), at which step, and where:
   * forward: in the second layer's forward pre-hook;
   * backward: in a gradient hook of the first layer's weight (the last gradient of backward);
   * step: inside the user's optimizer update (in step() under a synchronous plan; in the next
@@ -27,40 +28,60 @@ import os
 import signal
 import sys
 import time
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 import commsched
+from commsched.kfac import KFACPreconditioner
+from commsched.optimizer import _DistributedOptimizer as Wrapped
+
+from . import replay
 
 STEPS, SAVE_EVERY, ROWS = 12, 3, 4
 LR, MOMENTUM = 0.05, 0.9
 
 
-def make_model() -> nn.Sequential:
+def make_model(entry: str = "") -> nn.Sequential:
+    """The trial's model; in float64 under K-FAC, whose damped inverses magnify rounding."""
     torch.manual_seed(5)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
-                         nn.Linear(16, 2))
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 2))
+    return model.double() if entry.endswith("+kfac") else model
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
 
 
 def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    x, y = torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
-    return nn.functional.mse_loss(model(x), y)
+    x, y = batch(step, rank)
+    dtype = next(model.parameters()).dtype
+    return nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
 
 
-def reference(steps: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """One process replaying `steps` ((step, world size)): each step's gradient is the average
-    over that step's ranks, as the job's ranks computed it."""
-    model = make_model()
+def make_preconditioner(model: nn.Module) -> KFACPreconditioner:
+    # Decompositions shared across ranks (local_threshold=0), recomputed every third step.
+    return KFACPreconditioner(model, inv_update_steps=3, local_threshold=0, lr=LR)
+
+
+def reference(steps: list[tuple[int, int]], entry: str = "horovod",
+              binds: list[int] | None = None) -> list[torch.Tensor]:
+    """One process replaying `steps` ((step, world size)) of a trial of `entry` (a policy,
+    optionally with "+powersgd", "+topk" or "+kfac"): each step's gradient is the average over
+    that step's ranks, as the job's ranks computed it (benchmarks/harness/replay.py; `binds`:
+    how many times the job had bound to a world at each step)."""
+    mode = entry.partition("+")[2] or None
+    model = make_model(entry)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    for step, size in steps:
-        opt.zero_grad()
-        total = sum((loss_of(model, step, r) for r in range(size)), torch.zeros(()))
-        (total / size).backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    history = [(step, list(range(size))) for step, size in steps]
+    if mode == "kfac":
+        return replay.replay_kfac(model, opt, make_preconditioner(model), history, batch)
+    # The job's SGD is KillableSGD, whose step() is its own: top-k keeps plain error feedback.
+    return replay.replay(model, opt, history, loss_of, mode, binds, dgc=False)
 
 
 class Chaos:
@@ -109,7 +130,7 @@ class KillableSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def wrap(model: nn.Sequential, chaos: Chaos, policy: str) -> torch.optim.Optimizer:
+def wrap(model: nn.Sequential, chaos: Chaos, entry: str) -> Wrapped:
     KillableSGD.chaos = chaos
     model[2].register_forward_pre_hook(lambda module, args: chaos.at("forward"))
 
@@ -120,15 +141,26 @@ def wrap(model: nn.Sequential, chaos: Chaos, policy: str) -> torch.optim.Optimiz
     first = model[0]
     assert isinstance(first, nn.Linear)
     first.weight.register_hook(backward)
-    return commsched.DistributedOptimizer(
-        KillableSGD(model.parameters(), lr=LR, momentum=MOMENTUM),
-        named_parameters=model.named_parameters(), model=model, policy=policy, profile_steps=2)
+    policy, _, mode = entry.partition("+")
+    with warnings.catch_warnings():  # top-k under KillableSGD: plain error feedback, as replayed
+        warnings.simplefilter("ignore")
+        return commsched.DistributedOptimizer(
+            KillableSGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+            named_parameters=model.named_parameters(), model=model, policy=policy,
+            profile_steps=2, compression=replay.LOSSY.get(mode))
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
+def train_step(model: nn.Module, opt: Wrapped, step: int, rank: int,
+               precond: KFACPreconditioner | None = None) -> None:
     opt.zero_grad()
     loss_of(model, step, rank).backward()
-    opt.step()
+    if precond is None:
+        opt.step()
+        return
+    opt.synchronize()  # docs/kfac.md's loop
+    precond.step()
+    with opt.skip_synchronize():
+        opt.step()
 
 
 def run_torchrun(out_dir: str, trial: dict[str, Any]) -> None:
@@ -174,8 +206,9 @@ def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
     hvd.init()
     host = os.environ.get("HOROVOD_HOSTNAME", "local")
     chaos = Chaos(out_dir, trial, host)
-    model = make_model()
+    model = make_model(trial["policy"])
     opt = wrap(model, chaos, trial["policy"])
+    precond = make_preconditioner(model) if trial["policy"].endswith("+kfac") else None
     model.register_state_dict_pre_hook(lambda *args: chaos.at("save"))
     chaos.log(event="start", host=host)
 
@@ -185,12 +218,13 @@ def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
             step, rank, size = state.batch, hvd.rank(), hvd.size()
             chaos.arm(step, rank)
             try:
-                train_step(model, opt, step, rank)
+                train_step(model, opt, step, rank, precond)
                 state.batch = step + 1
                 # state.commit() in its two parts: once saved, the step is committed, whatever
                 # Horovod's check for host updates raises next (a lost peer shows there too).
                 state.save()
-                chaos.log(event="step", step=step, size=size, rank=rank)
+                chaos.log(event="step", step=step, size=size, rank=rank,
+                          binds=opt.session.binding.binds)
                 state.check_host_updates()
             except Exception as err:
                 if type(err).__name__ != "HostsUpdatedInterrupt":
@@ -198,7 +232,8 @@ def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
                               text=str(err))
                 raise
 
-    train(hvd.elastic.TorchState(model=model, optimizer=opt, batch=0))
+    kept: dict[str, Any] = {} if precond is None else {"kfac": precond}
+    train(hvd.elastic.TorchState(model=model, optimizer=opt, batch=0, **kept))
     finish(out_dir, model, opt, hvd.rank())
 
 

@@ -261,7 +261,11 @@ class Session:
         self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
 
     def step_deferred(self) -> None:
-        """step() of an overlap plan: launch the rest and leave the update to the next forward."""
+        """step() of an overlap plan: launch the rest and leave the update to the next forward.
+        Its waits (PowerSGD's second round) may fail as synchronize()'s may: ElasticGuard.run."""
+        self.elastic_guard.run(self._step_deferred)
+
+    def _step_deferred(self) -> None:
         runner = self.runner
         assert runner is not None
         _activity.now = ("step", time.monotonic(), self.iteration)

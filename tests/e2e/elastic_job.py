@@ -36,8 +36,7 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 from torch import nn
 
 import commsched
-import commsched.compression_math as cm
-from commsched.compression import PowerSGD, TopK
+from benchmarks.harness import replay  # on PYTHONPATH: the repository's root (e2e/launch.py)
 from commsched.kfac import KFACPreconditioner
 from commsched.optimizer import _DistributedOptimizer as Wrapped
 
@@ -78,11 +77,6 @@ def make_entry_model(entry: str) -> nn.Module:
 # and 1 of each world (the other rank steps alone).
 PROCESS_SET, SET_MEMBERS = "ranks01", [0, 1]
 
-# What an entry of ELASTIC_JOB_POLICY after its "+" compresses with.
-LOSSY: dict[str, PowerSGD | TopK] = {"powersgd": commsched.Compression.powersgd(rank=1),
-                                     "topk": commsched.Compression.topk(ratio=0.1)}
-
-
 def committed_steps(log_lines: list[dict]) -> list[tuple[int, int]]:
     """(step, world size) of each step as it stands at the end: a step executed again after a
     restore replaces the earlier execution."""
@@ -106,79 +100,23 @@ def committed_binds(log_lines: list[dict], entry: str) -> list[int]:
 def reference(steps: list[tuple[int, int]], lossy: str | None = None,
               binds: list[int] | None = None,
               ranks: list[list[int]] | None = None) -> list[torch.Tensor]:
-    """One process replaying `steps`: each one's gradient is the average over that step's ranks
-    (or over `ranks[i]` for step i), or with `lossy` what its compressor makes of every rank's
-    gradient (compression_math's single-process simulations), each rank's compressor state
-    starting afresh where `binds` changes."""
-    if lossy == "kfac":
-        return _kfac_reference(steps)
-    model = make_model()
-    params: list[torch.Tensor] = list(model.parameters())
-    opt = make_optimizer(params)
-    state: dict = {}
-    for index, (step, size) in enumerate(steps):
-        if binds is not None and (index == 0 or binds[index] != binds[index - 1]):
-            state = {}
-        grads = []
-        for r in range(size) if ranks is None else ranks[index]:
-            model.zero_grad()
-            loss_of(model, step, r).backward()
-            grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                          for p in params])
-        for i, p in enumerate(params):
-            p.grad = _exchanged(lossy, params, i, [g[i] for g in grads], state, opt)
-        opt.step()
-    return [p.detach().clone() for p in params]
-
-
-def _kfac_reference(steps: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """K-FAC in a world of one on each step's ranks' batches concatenated: the same averaged
-    gradient and factors (tests/dist/test_kfac_dist.py); its state is never reset."""
-    model = make_entry_model("+kfac")
+    """One process replaying `steps` (benchmarks/harness/replay.py): each one's gradient is the
+    average over that step's ranks (or over `ranks[i]` for step i), or with `lossy` what its
+    compressor makes of every rank's gradient, each rank's compressor state starting afresh
+    where `binds` changes; "kfac" replays K-FAC."""
+    history = [(step, list(range(size)) if ranks is None else ranks[i])
+               for i, (step, size) in enumerate(steps)]
+    model = make_entry_model(f"+{lossy}")
     opt = make_optimizer(model.parameters())
-    precond = make_preconditioner(model)
-    for step, size in steps:
-        rows = [batch(step, r) for r in range(size)]
-        opt.zero_grad()
-        nn.functional.mse_loss(model(torch.cat([x for x, _ in rows]).double()),
-                               torch.cat([y for _, y in rows]).double()).backward()
-        precond.step()
-        opt.step()
-    precond.shutdown()
-    return [p.detach().clone() for p in model.parameters()]
+    if lossy == "kfac":
+        return replay.replay_kfac(model, opt, make_preconditioner(model), history, batch)
+    return replay.replay(model, opt, history, loss_of, lossy, binds)
 
 
 def make_preconditioner(model: nn.Module) -> KFACPreconditioner:
     # Every decomposition placed on a rank and shared (local_threshold=0), recomputed every
     # third step: the commit restored at step 5 holds those of step 3.
     return KFACPreconditioner(model, inv_update_steps=3, local_threshold=0, lr=LR)
-
-
-def _exchanged(lossy: str | None, params: list[torch.Tensor], i: int, grads: list[torch.Tensor],
-               state: dict, opt: torch.optim.Optimizer) -> torch.Tensor:
-    """Parameter i's averaged gradient as the job's compressor makes it from every rank's
-    `grads`; `state` holds, per tensor, the ranks' residuals (velocities) and Q."""
-    compressor, param = None if lossy is None else LOSSY[lossy], params[i]
-    if compressor is None or not compressor.compresses(param.shape):
-        return sum(grads[1:], grads[0].clone()) * (1.0 / len(grads))
-    if isinstance(compressor, PowerSGD):
-        n, m = cm.matrix_shape(param.shape)
-        seed = sum(compressor.compresses(p.shape) for p in params[:i])  # as the compressor's
-        kept = state.setdefault(i, {
-            "q": cm.initial_q(m, compressor.rank_for(param.shape), seed, param.dtype),
-            "e": [torch.zeros(n, m) for _ in grads]})
-        approx, kept["e"], kept["q"] = cm.simulate_powersgd([g.reshape(n, m) for g in grads],
-                                                            kept["e"], kept["q"])
-        return approx.reshape(param.shape)
-    kept = state.setdefault(i, {"u": [torch.zeros_like(param) for _ in grads],
-                                "v": [torch.zeros_like(param) for _ in grads]})
-    update, kept["u"], kept["v"] = cm.simulate_dgc(grads, kept["u"], kept["v"],
-                                                   compressor.k(param.numel()), MOMENTUM)
-    # DGC's update already holds the momentum: the optimizer's own starts from zero each step.
-    buffer = opt.state.get(param, {}).get("momentum_buffer")
-    if buffer is not None:
-        buffer.zero_()
-    return update
 
 
 def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
@@ -248,7 +186,7 @@ def wrap(entry: str, model: nn.Module) -> Wrapped:
     policy, _, lossy = entry.partition("+")
     return commsched.DistributedOptimizer(
         make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-        model=model, policy=policy, compression=LOSSY.get(lossy),
+        model=model, policy=policy, compression=replay.LOSSY.get(lossy),
         process_set=SET_MEMBERS if lossy == PROCESS_SET else None)
 
 

@@ -14,7 +14,13 @@ from benchmarks.harness import chaos, chaos_job
 def test_trials_cover_every_policy_point_and_launcher() -> None:
     trials = chaos.draw_trials(20, seed=0)
     assert trials == chaos.draw_trials(20, seed=0)  # the seed fixes the run
-    assert {t["policy"] for t in trials} == set(chaos.POLICIES)
+    for launcher in ("elastic", "torchrun"):  # every policy under each launcher
+        assert {t["policy"] for t in trials if t["launcher"] == launcher} \
+            >= set(chaos.POLICIES), launcher
+    # The compressors and K-FAC lose a worker under elastic Horovod only: torchrun resumes
+    # them from a checkpoint, which tests/e2e covers.
+    assert {t["policy"] for t in trials if "+" in t["policy"]} == set(chaos.MODES)
+    assert all(t["launcher"] == "elastic" for t in trials if "+" in t["policy"])
     assert {t["kill"]["point"] for t in trials} == set(chaos.POINTS)
     assert {t["launcher"] for t in trials} == {"elastic", "torchrun"}
     for t in trials:
@@ -54,6 +60,27 @@ def test_a_resumed_trial_is_checked_against_the_replay_of_its_history(tmp_path) 
     wrong = chaos_job.reference([(s, 3) for s in range(12)])
     bad = chaos.verdict(trial, _folder(tmp_path, trial, lines, wrong), "", 0, False, 90.0, 130.0)
     assert not bad["ok"] and bad["max_diff"] > 1e-4
+
+
+def test_a_compressed_trial_is_replayed_with_its_compressors_reset_at_each_bind(
+        tmp_path) -> None:
+    # Note [Elastic Horovod and compressor state]: steps 0-3 on 3 ranks, 4-11 on 2 after a
+    # re-form (rank 0's optimizer bound a second time), PowerSGD's state afresh from step 4.
+    trial = {"index": 0, "launcher": "elastic", "world": 3, "policy": "dear+powersgd",
+             "restarts": 1, "kill": {"rank": 1, "step": 4, "point": "forward"}}
+    lines = [{"event": "step", "step": s, "size": 3 if s < 4 else 2, "rank": 0,
+              "binds": 1 if s < 4 else 2, "time": s} for s in range(12)]
+    history = [(s, 3 if s < 4 else 2) for s in range(12)]
+    binds = [1 if s < 4 else 2 for s in range(12)]
+    right = chaos_job.reference(history, "dear+powersgd", binds)
+    ok = chaos.verdict(trial, _folder(tmp_path, trial, lines, right), "", 0, False, 90.0, 130.0)
+    assert ok["ok"] and ok["max_diff"] == 0.0
+    # A reset where the job made none, or no compression at all, shows in the parameters.
+    for wrong in (chaos_job.reference(history, "dear+powersgd", binds[:6] + [3] * 6),
+                  chaos_job.reference(history, "dear")):
+        bad = chaos.verdict(trial, _folder(tmp_path, trial, lines, wrong), "", 0, False, 90.0,
+                            130.0)
+        assert not bad["ok"] and bad["max_diff"] > 1e-4
 
 
 def test_a_trial_with_no_restart_must_name_the_culprit_in_time(tmp_path) -> None:
