@@ -26,7 +26,11 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, elapsed_s:
         "`hvd.elastic.run` committing every step. torchrun trials: `--nproc_per_node=2 "
         "--max-restarts=1` (0 where the trial must fail), a checkpoint every 3 of 12 steps "
         "written with `commsched.checkpoint.save` (atomic) and resumed with "
-        "`commsched.checkpoint.load`. Kill points: `forward` (a module's pre-hook), `backward` "
+        "`commsched.checkpoint.load`. Elastic trials also run PowerSGD (`+powersgd`), top-k "
+        "(`+topk`, plain error feedback under the job's SGD subclass) and a K-FAC "
+        "preconditioner in Horovod's state (`+kfac`, float64); their replays run every "
+        "rank's compressor from zero in each world and K-FAC on the concatenated batches "
+        "(benchmarks/harness/replay.py). Kill points: `forward` (a module's pre-hook), `backward` "
         "(a gradient hook), `step` (inside the optimizer's update: in `step()` under a "
         "synchronous plan, in the next forward pass under an overlap plan), `save` (elastic: "
         "inside `state.commit()`; torchrun: the file written, not yet renamed).",
