@@ -83,21 +83,28 @@ def test_session_binds_at_first_step_and_reforms_after_a_failure(elastic_world) 
     assert session.plan.policy == "mgwfbp"
 
 
-def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None:
-    model, opt = _setup()
-    _step(model, opt)
-    first = bootstrap.world()
+def _fail_a_step(model: nn.Module, opt: Wrapped, monkeypatch, wait: str,
+                 features: int = 3) -> None:
+    """One iteration whose engine `wait` (a method name) fails as a dead peer makes it fail."""
+    world = bootstrap.world()
 
-    def wait() -> None:  # what a dead peer makes of the engine's wait
-        raise first.fail("collective of block 0 failed: Connection reset by peer")
+    def failed(*args: object) -> None:
+        raise world.fail("collective of block 0 failed: Connection reset by peer")
 
-    monkeypatch.setattr(opt.session.engine, "wait", wait)
+    monkeypatch.setattr(opt.session.engine, wait, failed)
     opt.zero_grad()
-    model(torch.randn(5, 3)).square().sum().backward()
+    model(torch.randn(5, features)).square().sum().backward()
     with pytest.raises(HorovodInternalError, match="Connection reset"):
         opt.step()
     # The restored run starts with zero_grad(): nothing of the failed iteration is pending.
     assert not opt.session.accumulation.pending
+
+
+def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None:
+    model, opt = _setup()
+    _step(model, opt)
+    first = bootstrap.world()
+    _fail_a_step(model, opt, monkeypatch, "wait")
     _step(model, opt)
     assert opt.session.iteration == 2 and bootstrap.world().generation == first.generation + 1
 
@@ -232,16 +239,7 @@ def test_a_failed_second_round_under_an_overlap_plan_forgets_its_gradients(
         _step(model, opt, 8)
     first = bootstrap.world()
     committed = opt.state_dict()
-
-    def wait_block(position: int) -> None:  # what a dead peer makes of the wait for a P block
-        raise first.fail(f"collective of block {position} failed: Connection reset by peer")
-
-    monkeypatch.setattr(opt.session.engine, "wait_block", wait_block)
-    opt.zero_grad()
-    model(torch.randn(5, 8)).square().sum().backward()
-    with pytest.raises(HorovodInternalError, match="Connection reset"):
-        opt.step()
-    assert not opt.session.accumulation.pending
+    _fail_a_step(model, opt, monkeypatch, "wait_block", features=8)  # a P block's wait
     opt.load_state_dict(committed)  # hvd.elastic.run's restore
     _step(model, opt, 8)
     assert bootstrap.world().generation == first.generation + 1
