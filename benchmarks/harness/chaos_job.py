@@ -40,7 +40,7 @@ from commsched.optimizer import _DistributedOptimizer as Wrapped
 
 from . import replay
 
-STEPS, SAVE_EVERY, ROWS = 12, 3, 4
+STEPS, SAVE_EVERY = 12, 3
 LR, MOMENTUM = 0.05, 0.9
 
 
@@ -50,22 +50,6 @@ def make_model(entry: str = "") -> nn.Sequential:
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
                           nn.Linear(16, 2))
     return model.double() if entry.endswith("+kfac") else model
-
-
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
-
-
-def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
-    x, y = batch(step, rank)
-    dtype = next(model.parameters()).dtype
-    return nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
-
-
-def make_preconditioner(model: nn.Module) -> KFACPreconditioner:
-    # Decompositions shared across ranks (local_threshold=0), recomputed every third step.
-    return KFACPreconditioner(model, inv_update_steps=3, local_threshold=0, lr=LR)
 
 
 def reference(steps: list[tuple[int, int]], entry: str = "horovod",
@@ -79,9 +63,10 @@ def reference(steps: list[tuple[int, int]], entry: str = "horovod",
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     history = [(step, list(range(size))) for step, size in steps]
     if mode == "kfac":
-        return replay.replay_kfac(model, opt, make_preconditioner(model), history, batch)
+        return replay.replay_kfac(model, opt, replay.make_preconditioner(model, LR), history,
+                                   replay.batch)
     # The job's SGD is KillableSGD, whose step() is its own: top-k keeps plain error feedback.
-    return replay.replay(model, opt, history, loss_of, mode, binds, dgc=False)
+    return replay.replay(model, opt, history, replay.loss_of, mode, binds, dgc=False)
 
 
 class Chaos:
@@ -153,7 +138,7 @@ def wrap(model: nn.Sequential, chaos: Chaos, entry: str) -> Wrapped:
 def train_step(model: nn.Module, opt: Wrapped, step: int, rank: int,
                precond: KFACPreconditioner | None = None) -> None:
     opt.zero_grad()
-    loss_of(model, step, rank).backward()
+    replay.loss_of(model, step, rank).backward()
     if precond is None:
         opt.step()
         return
@@ -208,7 +193,8 @@ def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
     chaos = Chaos(out_dir, trial, host)
     model = make_model(trial["policy"])
     opt = wrap(model, chaos, trial["policy"])
-    precond = make_preconditioner(model) if trial["policy"].endswith("+kfac") else None
+    precond = replay.make_preconditioner(model, LR) if trial["policy"].endswith("+kfac") \
+        else None
     model.register_state_dict_pre_hook(lambda *args: chaos.at("save"))
     chaos.log(event="start", host=host)
 

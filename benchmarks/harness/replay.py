@@ -26,6 +26,27 @@ LOSSY: dict[str, PowerSGD | TopK] = {"powersgd": commsched.Compression.powersgd(
                                      "topk": commsched.Compression.topk(ratio=0.1)}
 
 LossOf = Callable[[nn.Module, int, int], torch.Tensor]  # (model, step, rank) -> loss
+ROWS = 4  # of each rank's batch
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank's own batch of the jobs replayed here (6 features, 2 targets): the average
+    gradient of a step depends on which ranks ran it."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
+
+
+def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
+    """The MSE loss of `batch(step, rank)`, in the model's dtype."""
+    x, y = batch(step, rank)
+    dtype = next(model.parameters()).dtype
+    return nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
+
+
+def make_preconditioner(model: nn.Module, lr: float) -> KFACPreconditioner:
+    """The jobs' K-FAC: every decomposition placed on a rank and shared (local_threshold=0),
+    recomputed every third step, so that a commit restored mid-run holds older ones."""
+    return KFACPreconditioner(model, inv_update_steps=3, local_threshold=0, lr=lr)
 
 
 def replay(model: nn.Module, opt: torch.optim.Optimizer, history: Sequence[tuple[int, list[int]]],

@@ -37,11 +37,9 @@ from torch import nn
 
 import commsched
 from benchmarks.harness import replay  # on PYTHONPATH: the repository's root (e2e/launch.py)
-from commsched.kfac import KFACPreconditioner
 from commsched.optimizer import _DistributedOptimizer as Wrapped
 
 STEPS = 20
-ROWS = 4
 LR, MOMENTUM = 0.05, 0.9
 JOIN_TIMEOUT_S = 120.0
 
@@ -55,18 +53,6 @@ def make_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each rank's own batch: the average gradient of a step depends on which ranks ran it."""
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 2, generator=gen)
-
-
-def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
-    x, y = batch(step, rank)
-    dtype = next(model.parameters()).dtype
-    return nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
-
-
 def make_entry_model(entry: str) -> nn.Module:
     # K-FAC's damped inverses magnify rounding (by up to 1 / damping): in float64 the factors
     # summed over 3 ranks and over one concatenated batch still agree to well within 1e-6.
@@ -76,6 +62,7 @@ def make_entry_model(entry: str) -> nn.Module:
 # An entry of ELASTIC_JOB_POLICY ending in "+ranks01" reduces in the process set of ranks 0
 # and 1 of each world (the other rank steps alone).
 PROCESS_SET, SET_MEMBERS = "ranks01", [0, 1]
+
 
 def committed_steps(log_lines: list[dict]) -> list[tuple[int, int]]:
     """(step, world size) of each step as it stands at the end: a step executed again after a
@@ -109,14 +96,9 @@ def reference(steps: list[tuple[int, int]], lossy: str | None = None,
     model = make_entry_model(f"+{lossy}")
     opt = make_optimizer(model.parameters())
     if lossy == "kfac":
-        return replay.replay_kfac(model, opt, make_preconditioner(model), history, batch)
-    return replay.replay(model, opt, history, loss_of, lossy, binds)
-
-
-def make_preconditioner(model: nn.Module) -> KFACPreconditioner:
-    # Every decomposition placed on a rank and shared (local_threshold=0), recomputed every
-    # third step: the commit restored at step 5 holds those of step 3.
-    return KFACPreconditioner(model, inv_update_steps=3, local_threshold=0, lr=LR)
+        return replay.replay_kfac(model, opt, replay.make_preconditioner(model, LR), history,
+                                   replay.batch)
+    return replay.replay(model, opt, history, replay.loss_of, lossy, binds)
 
 
 def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
@@ -128,7 +110,7 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     policies = os.environ.get("ELASTIC_JOB_POLICY", "horovod").split(",")
     models = {entry: make_entry_model(entry) for entry in policies}
     opts = {entry: wrap(entry, model) for entry, model in models.items()}
-    precs = {entry: make_preconditioner(models[entry]) for entry in policies
+    precs = {entry: replay.make_preconditioner(models[entry], LR) for entry in policies
              if entry.endswith("+kfac")}
     log_path = os.path.join(out_dir, f"log.{host}.jsonl")
     marker = os.path.join(out_dir, "killed")
@@ -145,7 +127,7 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
             try:
                 for entry, opt in opts.items():
                     opt.zero_grad()
-                    loss_of(models[entry], step, rank).backward()
+                    replay.loss_of(models[entry], step, rank).backward()
                     if entry in precs:  # docs/kfac.md's loop
                         opt.synchronize()
                         precs[entry].step()
