@@ -69,8 +69,7 @@ class FactorWorld:
     @property
     def stale(self) -> bool:
         """Whether an elastic job broke or re-formed this world since it was bound."""
-        return bootstrap.stale() or not bootstrap.is_initialized() \
-            or self.world is not bootstrap.world()
+        return bootstrap.outdated(self.world)
 
     def shutdown(self) -> None:
         self.factors.shutdown()

@@ -148,8 +148,7 @@ class WorldBinding:
     def stale(self) -> bool:
         """Whether the session must (re)bind before its next collective: never bound, or its
         world is broken or was re-formed (an elastic job only)."""
-        return self.elastic and (not self.bound or bootstrap.stale()
-                                 or self.formed is not bootstrap.world())
+        return self.elastic and (not self.bound or bootstrap.outdated(self.formed))
 
     def unbind(self) -> None:
         """Stops the engine of a world that failed or changed (no wait: its collectives may

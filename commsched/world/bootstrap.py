@@ -426,6 +426,18 @@ def stale() -> bool:
     return False
 
 
+def outdated(formed: World) -> bool:
+    """Tells whether what was made for the world `formed` must be made again.
+
+    Args:
+        formed: the world the parts were made for.
+
+    Returns:
+        True when the world must be (re-)formed (stale()), or was since `formed`.
+    """
+    return stale() or _world is not formed
+
+
 def current(timeout: float, stall_warning: float | None) -> World:
     """The world of now: the existing one, or in an elastic job a re-formed one when it is stale.
 
