@@ -256,11 +256,14 @@ void Engine::launch(int64_t position) {
         const int64_t padded = FusionBuffer::padded(FusionBuffer::numel(*block), world);
         const int64_t slice = padded / world;
         input = FusionBuffer::pack(*block, grads, padded).narrow(0, transport_->rank() * slice, slice);
+        output = at::empty({input.numel() * world}, input.options());
       } else {
         input = source_shard(*block);
         if (!input.defined()) return;  // failed or stopping while waiting
+        // Note [An all-gather lands in the gradient it came from] (fusion_buffer.cpp)
+        if (block->postscale != 1.0) input.mul_(block->postscale);
+        output = FusionBuffer::gather_output(*block, grads, input.numel() * world, input.options());
       }
-      output = at::empty({input.numel() * world}, input.options());
       break;
   }
   const int64_t packed = now_us();
@@ -391,8 +394,10 @@ void Engine::complete(InFlight& item) {
   const int64_t done = now_us();
   auto end_event = DeviceSync::record_on(item.stream);
   const std::vector<at::Tensor>& grads = grads_;  // in place: see engine.h
-  if (block.op == Collective::kAllreduce) FusionBuffer::unpack(block, item.buffer, grads);
-  if (block.op == Collective::kAllGather) FusionBuffer::unpack(block, item.output, grads);
+  if (block.op == Collective::kAllreduce)
+    FusionBuffer::unpack(block, item.buffer, grads, block.postscale);
+  if (block.op == Collective::kAllGather)  // a pair's shard was scaled when it was sent
+    FusionBuffer::unpack(block, item.output, grads, block.source < 0 ? block.postscale : 1.0);
   const int64_t unpacked = now_us();
   auto done_event = DeviceSync::record_on(item.stream);
   // The block counts as completed (credit returned, waiters woken) once the device has passed the

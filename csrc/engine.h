@@ -72,7 +72,8 @@ class Engine {
   void release(int64_t position);
   // This rank's slice of the completed reduce-scatter at plan `position` (summed, not yet
   // scaled): the engine's own buffer, valid until the iteration ends (a sharded step updates
-  // from it; plan/sharding.py).
+  // from it; plan/sharding.py). A reduce-scatter with a paired all-gather is not asked for: the
+  // all-gather scales its shard in place when it launches.
   at::Tensor reduced_shard(int64_t position);
   // Most bytes in flight at once (0: no limit); one block is always allowed.
   void set_credit(int64_t bytes);

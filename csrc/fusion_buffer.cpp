@@ -56,9 +56,28 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
   return buffer;
 }
 
+// Note [An all-gather lands in the gradient it came from]
+// A DeAR pair reduce-scatters a block and all-gathers the averaged result into the same
+// gradients. Where the block is one whole gradient (every gradient above the fusion threshold,
+// so most of the bytes), the reduce-scatter already read it in place, and the all-gather
+// launches only once that reduce-scatter has completed: nothing reads the gradient's memory any
+// more (step() took it out of p.grad, the engine owns it). So the all-gather writes straight
+// into it. A new output buffer would cost, on a CPU, the page faults of a fresh allocation
+// while the ring copies this rank's shard in, then a copy of the whole block back into the
+// gradient on the completion thread, ahead of every later block's completion: on VGG-16's
+// 411 MB classifier weight both sat on the path of the next forward pass
+// (benchmarks/real/vgg16/dear_timeline.md). The pair's averaging is applied to this rank's
+// shard before it is sent (engine.cpp): half the elements, the same products.
+at::Tensor FusionBuffer::gather_output(const BlockSpec& block, const std::vector<at::Tensor>& grads,
+                                       int64_t numel, const at::TensorOptions& options) {
+  if (numel == FusionBuffer::numel(block) && is_zero_copy(block, grads))
+    return grads[block.pieces[0].tensor_id].view(-1);
+  return at::empty({numel}, options);
+}
+
 void FusionBuffer::unpack(const BlockSpec& block, const at::Tensor& buffer,
-                          const std::vector<at::Tensor>& grads) {
-  if (block.postscale != 1.0) buffer.mul_(block.postscale);
+                          const std::vector<at::Tensor>& grads, double scale) {
+  if (scale != 1.0) buffer.mul_(scale);
   if (is_zero_copy(block, grads) &&
       buffer.data_ptr() == grads[block.pieces[0].tensor_id].data_ptr())
     return;

@@ -18,10 +18,15 @@ class FusionBuffer {
   // is zero.
   static at::Tensor pack(const BlockSpec& block, const std::vector<at::Tensor>& grads,
                          int64_t padded_numel);
-  // Scales the reduced buffer and writes each piece back into its gradient (no-op for the
-  // zero-copy case apart from the scaling).
+  // Where a reduce-scatter's paired all-gather writes its `numel` elements: the block's own
+  // gradient where the block is zero-copy and needs no padding (Note [An all-gather lands in
+  // the gradient it came from]), else a new buffer that unpack() copies out.
+  static at::Tensor gather_output(const BlockSpec& block, const std::vector<at::Tensor>& grads,
+                                  int64_t numel, const at::TensorOptions& options);
+  // Multiplies the reduced buffer by `scale` and writes each piece back into its gradient
+  // (no-op for the zero-copy case apart from the scaling).
   static void unpack(const BlockSpec& block, const at::Tensor& buffer,
-                     const std::vector<at::Tensor>& grads);
+                     const std::vector<at::Tensor>& grads, double scale);
   static int64_t numel(const BlockSpec& block);
   static bool is_zero_copy(const BlockSpec& block, const std::vector<at::Tensor>& grads);
   static int64_t padded(int64_t numel, int64_t world_size);
