@@ -76,7 +76,9 @@ def model_lines(model: str, jobs: dict[str, dict[str, Any]]) -> list[str]:
               f"Slowest commsched policy: {worst['name']} ({worst_group}), "
               f"{worst['vs_hvd']:.3f}x hvd (target <= 1.05x).", ""]
     for group, job in jobs.items():
-        lines.append(f"Job `{group}`: `{job['meta']['command']}`, {job['meta']['network']}.")
+        commit = job["meta"].get("commit")
+        lines.append(f"Job `{group}`: `{job['meta']['command']}`, {job['meta']['network']}"
+                     + (f", commit {commit}." if commit else "."))
         for verdict in job["bound"].get("auto") or []:
             lines.append(_auto_line(group, verdict))
     return lines + [""]

@@ -16,6 +16,7 @@ import os
 import random
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -57,6 +58,20 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "adam": (torch.optim.Adam, {"lr": 1e-4}),
 }
 ZERO = "torch-zero"  # DDP with torch's ZeroRedundancyOptimizer (whole parameters, broadcast)
+
+
+def source_commit() -> str | None:
+    """The git commit commsched runs from (``+dirty`` with uncommitted changes), or None outside
+    a git checkout: a committed report says which code measured it."""
+    here = os.path.dirname(os.path.abspath(commsched.__file__))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
 def make_optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
@@ -337,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"auto: {verdict}", flush=True)
         if args.out:
             meta = {"model": args.model.value, "world_size": world.size, "command": command,
-                    "network": args.link_note, "args": vars(args) | {"model": args.model.value}}
+                    "network": args.link_note, "commit": source_commit(),
+                    "args": vars(args) | {"model": args.model.value}}
             write_outputs(args.out, rows, meta, bound)
             if floor_profile is not None:  # what the floor was computed from, to re-check it
                 with open(os.path.join(args.out, "floor_profile.json"), "w",
