@@ -8,7 +8,8 @@
 # candidate and rank (docs/examples.md), so its candidates run in groups of at most five,
 # each group one job with `hvd` in it: every ratio is read against the `hvd` of its own job.
 # MODELS (default "resnet50 gpt2"; also vgg16, bert) and RANKS (default 2; another count writes
-# <model>-<N>ranks/) choose the jobs.
+# <model>-<N>ranks/) choose the jobs; JOBS (default all of them: "all synchronous overlap auto")
+# keeps only the named groups, e.g. to re-measure the jobs a change can affect.
 # Writes benchmarks/real/<model>/<group>/results.{json,md,png} and benchmarks/real/README.md.
 set -euo pipefail
 # shellcheck source=lib/common.sh
@@ -21,12 +22,14 @@ GPT2_RATE="${GPT2_RATE:-4gbit}"
 VGG16_RATE="${VGG16_RATE:-6gbit}"
 BERT_RATE="${BERT_RATE:-4gbit}"
 ROUNDS="${ROUNDS:-4}"
+JOBS="${JOBS:-all synchronous overlap auto}"
 SYNC="commsched:horovod,commsched:mgwfbp"
 OVERLAP="commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,commsched:dear?fusion_threshold=4MiB"
 SUFFIX=""
 [ "$RANKS" = 2 ] || SUFFIX="-${RANKS}ranks"
 trap 'scripts/netem.sh down' EXIT
 run() {  # model batch rate out candidates
+  case " $JOBS " in *" ${4##*/} "*) ;; *) return 0 ;; esac
   scripts/netem.sh up "$3"
   mkdir -p "$OUT/$4"
   # 8 warm-up steps cover commsched's 5 profiling steps; compare steps `auto` on, untimed,
@@ -60,5 +63,5 @@ for model in $MODELS; do
   esac
 done
 .venv/bin/python scripts/real_report.py "$OUT" \
-  --command "MODELS='$MODELS' RANKS=$RANKS RESNET50_RATE=$RESNET50_RATE GPT2_RATE=$GPT2_RATE VGG16_RATE=$VGG16_RATE BERT_RATE=$BERT_RATE ROUNDS=$ROUNDS scripts/bench_real.sh"
+  --command "MODELS='$MODELS' JOBS='$JOBS' RANKS=$RANKS RESNET50_RATE=$RESNET50_RATE GPT2_RATE=$GPT2_RATE VGG16_RATE=$VGG16_RATE BERT_RATE=$BERT_RATE ROUNDS=$ROUNDS scripts/bench_real.sh"
 echo "bench_real: wrote $OUT/README.md" >&2
