@@ -1,8 +1,8 @@
 """Renders README.md's headline tables from the committed benchmark reports.
 
 The tables sit between `<!-- headline:begin -->` and `<!-- headline:end -->` in README.md. The
-real models come first, from benchmarks/real/{resnet50,gpt2}/*/results.json (written by
-scripts/bench_real.sh); then the built-in ones, from benchmarks/overlap/cnn/results.json and
+real models come first, from benchmarks/real/{resnet50,vgg16,bert,gpt2}/*/results.json (written
+by scripts/bench_real.sh), each row naming the job whose report holds its command; then the built-in ones, from benchmarks/overlap/cnn/results.json and
 benchmarks/overlap/transformer/results.json (scripts/bench_overlap.sh). Never typed by hand:
 tests/unit/test_readme.py fails when the README's tables differ from what this script renders.
 
@@ -24,13 +24,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEGIN = "<!-- headline:begin -->"
 END = "<!-- headline:end -->"
 COMMAND = "CNN_RATE=1gbit TRANSFORMER_RATE=1gbit scripts/bench_overlap.sh"
-REAL_COMMAND = ("MODELS='resnet50 gpt2' RANKS=2 RESNET50_RATE=1gbit GPT2_RATE=4gbit ROUNDS=4 "
-                "scripts/bench_real.sh")
+# Every scripts/bench_real.sh command that wrote into the real models' reports, in order.
+REAL_COMMANDS = "benchmarks/real/commands.txt"
 # (label, report) in the order of the table.
 REPORTS = (("CNN", "benchmarks/overlap/cnn/results.json"),
            ("Transformer", "benchmarks/overlap/transformer/results.json"))
 # (label, folder of its jobs' reports, the link they ran on) in the order of the table.
 REAL = (("ResNet-50", "benchmarks/real/resnet50", "1gbit"),
+        ("VGG-16", "benchmarks/real/vgg16", "6gbit"),
+        ("BERT-base", "benchmarks/real/bert", "4gbit"),
         ("GPT-2 124M", "benchmarks/real/gpt2", "4gbit"))
 # Policies that keep Horovod's semantics: step() waits for every block.
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
@@ -87,13 +89,15 @@ def real_rows(jobs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dic
 
 
 def _jobs(root: pathlib.Path, folder: str, link: str) -> list[dict[str, Any]]:
-    jobs = [json.loads(path.read_text(encoding="utf-8"))
-            for path in sorted((root / folder).glob("*/results.json"))]
-    for job in jobs:
+    jobs = []
+    for path in sorted((root / folder).glob("*/results.json")):
+        job = json.loads(path.read_text(encoding="utf-8"))
         meta = job["meta"]
         if meta["world_size"] != 2 or meta["network"] != f"loopback shaped to {link}":
             raise ValueError(f"{folder}: a job not of 2 ranks at {link} ({meta['world_size']} "
                              f"ranks, {meta['network']})")
+        job["report"] = path.with_name("results.md").relative_to(root).as_posix()
+        jobs.append(job)
     return jobs
 
 
@@ -102,29 +106,39 @@ def _ratio(row: dict[str, Any], key: str, mark: str) -> str:
     return "-" if value is None else f"{mark}{value:.3f}x{mark}"
 
 
+def real_commands(root: pathlib.Path = ROOT) -> list[str]:
+    """The 2-rank commands of benchmarks/real/commands.txt (the 3-rank ones write elsewhere)."""
+    lines = (root / REAL_COMMANDS).read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line.strip() and " RANKS=2 " in f" {line} "]
+
+
 def render_real(root: pathlib.Path = ROOT) -> list[str]:
     """The real models' table and the lines under it."""
-    lines = ["| model | candidate | ms per iteration | vs `hvd` of its job | vs DDP |",
-             "|---|---|---:|---:|---:|"]
-    waits, leads = [], []
+    lines = ["| model | candidate | ms per iteration | vs `hvd` of its job | vs DDP | job |",
+             "|---|---|---:|---:|---:|---|"]
+    waits, best, autos = [], [], []
     for label, folder, link in REAL:
         rows = real_rows(_jobs(root, folder, link))
-        for name, row, _ in rows:
+        for name, row, job in rows:
             mark = "**" if "(fastest overlap policy)" in name or "`auto" in name else ""
+            group = job["report"].split("/")[-2]
             lines.append(f"| {label} | {name} | {row['median_ms']:.1f} | "
-                         f"{_ratio(row, 'vs_hvd', mark)} | {_ratio(row, 'vs_torch-ddp', mark)} |")
-        baseline = rows[0][2]["bound"]
-        waits.append(f"{baseline['hvd_waiting_fraction']:.0%} on {label} ({link})")
-        overlap, auto = rows[3], rows[4]
-        leads.append(f"on {label} {overlap[0].split(' ')[1]} took {overlap[1]['vs_hvd']:.3f}x "
-                     f"`hvd`'s time and {auto[0].split(' ')[1]} {auto[1]['vs_hvd']:.3f}x")
-    return [f"On the real models, {'; '.join(leads)}.", ""] + lines + [
+                         f"{_ratio(row, 'vs_hvd', mark)} | {_ratio(row, 'vs_torch-ddp', mark)} | "
+                         f"[{group}]({job['report']}) |")
+        waits.append(f"{rows[0][2]['bound']['hvd_waiting_fraction']:.0%} on {label} ({link})")
+        fastest = min(rows[2:], key=lambda item: item[1]["vs_hvd"])
+        best.append(f"{fastest[1]['vs_hvd']:.3f}x on {label} ({fastest[0].split(' ')[1]})")
+        autos.append(f"{rows[4][1]['vs_hvd']:.3f}x on {label}")
+    commands = "; then ".join(f"`{command}`" for command in real_commands(root))
+    return [f"On the real models, the fastest commsched policy took {', '.join(best)} of "
+            f"`hvd`'s time; `auto` took {', '.join(autos)}.", ""] + lines + [
         "",
         f"Median iteration time, 2 ranks, full-size gradients and reduced inputs "
-        f"(docs/examples.md). `hvd` waits on the network for {' and '.join(waits)}. GPT-2's "
-        "candidates ran in three jobs (memory); each ratio is against the `hvd` of its own "
-        "job. Rendered from `benchmarks/real/` (its README has every candidate).",
-        f"Command: `{REAL_COMMAND}`.", ""]
+        f"(docs/examples.md). `hvd` waits on the network for {', '.join(waits)}. Models over "
+        "100 M parameters ran in three jobs (memory); each ratio is against the `hvd` of its own "
+        "job, whose report (the last column) gives its exact command and commit. Rendered from "
+        "`benchmarks/real/` (its README has every candidate).", "",
+        f"Commands, one after another: {commands}.", ""]
 
 
 def render(root: pathlib.Path = ROOT) -> str:

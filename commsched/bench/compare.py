@@ -61,13 +61,16 @@ ZERO = "torch-zero"  # DDP with torch's ZeroRedundancyOptimizer (whole parameter
 
 
 def source_commit() -> str | None:
-    """The git commit commsched runs from (``+dirty`` with uncommitted changes), or None outside
-    a git checkout: a committed report says which code measured it."""
+    """The git commit commsched runs from (``+dirty`` with uncommitted changes to the package or
+    its C++ sources), or None outside a git checkout: a committed report says which code
+    measured it."""
     here = os.path.dirname(os.path.abspath(commsched.__file__))
+    git = ["git", "-C", os.path.dirname(here)]
     try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=True).stdout
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--",
+                                "commsched", "csrc"],
                                capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None

@@ -145,8 +145,9 @@ def write_outputs(out_dir: str, rows: list[dict], meta: dict, bound: dict) -> No
         json.dump({"meta": meta, "bound": bound, "rows": rows}, handle, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
         network = f", {meta['network']}" if meta.get("network") else ""
+        commit = f" (commit {meta['commit']})" if meta.get("commit") else ""
         handle.write(f"# {meta['model']} on {meta['world_size']} ranks{network}\n\n"
-                     f"Command: `{meta['command']}`\n\n{markdown_table(rows)}\n\n"
+                     f"Command: `{meta['command']}`{commit}\n\n{markdown_table(rows)}\n\n"
                      f"{bound_lines(bound)}\n" + auto_line(bound.get("auto"))
                      + pair_lines(bound.get("pairs")))
     import matplotlib

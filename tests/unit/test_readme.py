@@ -107,12 +107,20 @@ def test_readme_headline_names_the_command_and_both_baselines(repo_root: pathlib
     headline = load_headline(repo_root)
     block = headline.render(repo_root)
     assert "`CNN_RATE=1gbit TRANSFORMER_RATE=1gbit scripts/bench_overlap.sh`" in block
-    assert f"`{headline.REAL_COMMAND}`" in block
-    # The real models first (issue 55, item 5), each with both baselines and auto.
-    assert block.index("ResNet-50") < block.index("GPT-2") < block.index("| CNN |")
+    commands = headline.real_commands(repo_root)
+    assert commands and all(f"`{command}`" in block for command in commands)
+    # The real models first (issue 55, item 5), each with both baselines and auto, and each row
+    # naming the job report that gives its command.
+    assert (block.index("ResNet-50") < block.index("VGG-16") < block.index("BERT-base")
+            < block.index("GPT-2") < block.index("| CNN |"))
     for name in ("`hvd`", "DDP", "fastest synchronous policy", "commsched `auto"):
-        assert block.count(name) >= 4, name
-    assert block.count("fastest overlap policy") == 2
+        assert block.count(name) >= 6, name
+    assert block.count("fastest overlap policy") == 4
+    real_rows = [line for line in block.splitlines() if line.startswith("| ") and "](" in line]
+    assert len(real_rows) == 20
+    for line in real_rows:
+        report = line.rsplit("](", 1)[1].split(")", 1)[0]
+        assert (repo_root / report).is_file(), report
 
 
 def test_readme_headline_splices_between_the_markers(repo_root: pathlib.Path) -> None:
