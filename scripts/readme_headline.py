@@ -2,7 +2,8 @@
 
 The tables sit between `<!-- headline:begin -->` and `<!-- headline:end -->` in README.md. The
 real models come first, from benchmarks/real/{resnet50,vgg16,bert,gpt2}/*/results.json (written
-by scripts/bench_real.sh), each row naming the job whose report holds its command; then the built-in ones, from benchmarks/overlap/cnn/results.json and
+by scripts/bench_real.sh), each row naming the job whose report holds its command; then the
+built-in ones, from benchmarks/overlap/cnn/results.json and
 benchmarks/overlap/transformer/results.json (scripts/bench_overlap.sh). Never typed by hand:
 tests/unit/test_readme.py fails when the README's tables differ from what this script renders.
 
