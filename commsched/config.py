@@ -131,8 +131,9 @@ KNOBS: tuple[Knob, ...] = (
          "gradients ready on some ranks and missing on them, or the phase they are stuck in) once "
          "a rank has waited this long (0: never); unset: a fifth of `timeout`, so that the "
          "warning comes before the timeout's error.", minimum=0, maximum=7 * 24 * 3600),
-    Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod`: most bytes fused into one "
-         "collective (0 disables fusion); `dear`: most bytes of one reduce-scatter buffer.",
+    Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod`, `mgwfbp`: most bytes fused "
+         "into one collective (0 disables fusion); `dear`: most bytes of one reduce-scatter "
+         "buffer.",
          minimum=0, maximum=1 << 40, horovod_twin="HOROVOD_FUSION_THRESHOLD"),
     Knob("cycle_time", Kind.MILLISECONDS, 1.0, "`horovod` policy: tensors that become ready within "
          "one cycle are fused together.", minimum=0, maximum=60_000,

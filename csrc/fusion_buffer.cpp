@@ -19,12 +19,19 @@ int64_t FusionBuffer::numel(const BlockSpec& block) {
   return total;
 }
 
-bool FusionBuffer::is_zero_copy(const BlockSpec& block, const std::vector<at::Tensor>& grads) {
-  if (block.pieces.size() != 1) return false;
+// Note [A partition is reduced in place]
+// ByteScheduler and Prophet cut a large gradient into partitions, each a block of one piece: a
+// contiguous run of the flattened gradient. The collective runs on that run of the gradient's
+// own memory, as on a whole tensor; before, each partition was copied into a buffer of its own
+// and back, which on a CPU moved every partitioned byte twice more per iteration on the cores
+// that compute. Partitions of one gradient are disjoint, so several may be in flight at once.
+at::Tensor FusionBuffer::in_place_view(const BlockSpec& block,
+                                       const std::vector<at::Tensor>& grads) {
+  if (block.pieces.size() != 1) return at::Tensor();
   const auto& piece = block.pieces[0];
   const auto& grad = grads[piece.tensor_id];
-  return piece.offset == 0 && piece.numel == grad.numel() && grad.is_contiguous() &&
-         grad.scalar_type() == block.wire_dtype;
+  if (!grad.is_contiguous() || grad.scalar_type() != block.wire_dtype) return at::Tensor();
+  return grad.view(-1).narrow(0, piece.offset, piece.numel);
 }
 
 int64_t FusionBuffer::padded(int64_t numel, int64_t world_size) {
@@ -37,9 +44,8 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
   const int64_t total = numel(block);
   TORCH_INTERNAL_ASSERT(padded_numel >= total, "padding shorter than the block");
   at::Tensor buffer;
-  if (padded_numel == total && is_zero_copy(block, grads)) {
-    buffer = grads[block.pieces[0].tensor_id].view(-1);
-  } else {
+  if (padded_numel == total) buffer = in_place_view(block, grads);
+  if (!buffer.defined()) {
     const auto& first = grads[block.pieces[0].tensor_id];
     buffer = at::empty({padded_numel}, first.options().dtype(block.wire_dtype));
     if (padded_numel > total) buffer.narrow(0, total, padded_numel - total).zero_();
@@ -70,17 +76,18 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
 // shard before it is sent (engine.cpp): half the elements, the same products.
 at::Tensor FusionBuffer::gather_output(const BlockSpec& block, const std::vector<at::Tensor>& grads,
                                        int64_t numel, const at::TensorOptions& options) {
-  if (numel == FusionBuffer::numel(block) && is_zero_copy(block, grads))
-    return grads[block.pieces[0].tensor_id].view(-1);
+  if (numel == FusionBuffer::numel(block)) {
+    auto view = in_place_view(block, grads);
+    if (view.defined()) return view;
+  }
   return at::empty({numel}, options);
 }
 
 void FusionBuffer::unpack(const BlockSpec& block, const at::Tensor& buffer,
                           const std::vector<at::Tensor>& grads, double scale) {
   if (scale != 1.0) buffer.mul_(scale);
-  if (is_zero_copy(block, grads) &&
-      buffer.data_ptr() == grads[block.pieces[0].tensor_id].data_ptr())
-    return;
+  const auto view = in_place_view(block, grads);
+  if (view.defined() && buffer.data_ptr() == view.data_ptr()) return;
   int64_t pos = 0;
   for (const auto& piece : block.pieces) {
     auto target = piece_view(grads[piece.tensor_id], piece);

@@ -12,8 +12,9 @@ namespace commsched {
 
 class FusionBuffer {
  public:
-  // Returns the buffer the collective runs on. When the block is one whole contiguous gradient
-  // of the wire dtype, that gradient itself is returned (no copy), as Horovod does.
+  // Returns the buffer the collective runs on. When the block is one piece of a contiguous
+  // gradient of the wire dtype (a whole tensor, or a partition of one), that piece of the
+  // gradient itself is returned (no copy), as Horovod does for whole tensors.
   // `padded_numel` >= numel(block): reduce-scatter needs a multiple of the world size; the tail
   // is zero.
   static at::Tensor pack(const BlockSpec& block, const std::vector<at::Tensor>& grads,
@@ -28,7 +29,9 @@ class FusionBuffer {
   static void unpack(const BlockSpec& block, const at::Tensor& buffer,
                      const std::vector<at::Tensor>& grads, double scale);
   static int64_t numel(const BlockSpec& block);
-  static bool is_zero_copy(const BlockSpec& block, const std::vector<at::Tensor>& grads);
+  // The flat view of the block's one piece in its gradient's memory, where the collective can
+  // run there (see pack()); an undefined tensor otherwise.
+  static at::Tensor in_place_view(const BlockSpec& block, const std::vector<at::Tensor>& grads);
   static int64_t padded(int64_t numel, int64_t world_size);
 };
 

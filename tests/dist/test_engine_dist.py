@@ -235,20 +235,23 @@ def _zero_copy_job() -> dict:
     import commsched
 
     world = commsched.init()
-    engine = _C.Engine(world.process_group, ["w", "x", "y", "h"], 20_000)
+    engine = _C.Engine(world.process_group, ["w", "x", "y", "h", "p"], 20_000)
     engine.install_plan([
         _block(0, AR, [(0, 0, 6)]),  # one whole contiguous float32 gradient: no copy
         _block(1, AR, [(1, 0, 3), (2, 0, 2)]),  # two tensors fused: 5 float32 copied
         _block(2, AR, [(3, 0, 4)], wire="float16"),  # a cast on the wire: 4 float16 copied
+        _block(3, AR, [(4, 5, 3)]),  # partitions of one gradient (Note [A partition is
+        _block(4, AR, [(4, 0, 5)]),  # reduced in place]): no copy either
     ])
     w = torch.full((2, 3), float(world.rank + 1))
-    tensors = [w, torch.ones(3), torch.ones(2), torch.ones(4)]
+    p = torch.arange(8.0).reshape(2, 4) * (world.rank + 1)
+    tensors = [w, torch.ones(3), torch.ones(2), torch.ones(4), p]
     for tid, tensor in enumerate(tensors):
         engine.mark_ready(tid, tensor)
     engine.wait_all(20_000)
     packed = engine.packed_bytes
     engine.shutdown()
-    return {"packed": packed, "w": w.flatten().tolist()}
+    return {"packed": packed, "w": w.flatten().tolist(), "p": p.flatten().tolist()}
 
 
 def test_single_tensor_blocks_are_reduced_in_place() -> None:
@@ -256,3 +259,4 @@ def test_single_tensor_blocks_are_reduced_in_place() -> None:
     for out in results.values():
         assert out["packed"] == 5 * 4 + 4 * 2  # the fused and the cast block only
         assert out["w"] == [3.0] * 6  # 1 + 2, reduced in the gradient's own memory
+        assert out["p"] == [3.0 * i for i in range(8)]  # each partition in its own place

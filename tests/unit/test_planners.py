@@ -97,6 +97,20 @@ def test_mgwfbp_keeps_apart_when_gaps_exceed_comm_time() -> None:
     assert block_tensors(plan_mgwfbp(specs, ready, net, cfg())) == [[2], [1], [0]]
 
 
+def test_mgwfbp_never_fuses_past_the_fusion_threshold() -> None:
+    # Everything is ready at once, so the wire alone would merge all four (Note [MG-WFBP fuses
+    # up to the fusion threshold]). A 4000 B tensor over the 2000 B threshold travels alone; the
+    # small ones fuse up to the threshold and no further; 0 disables fusion.
+    specs = specs_of([100, 1000, 100, 300])  # 400, 4000, 400 and 1200 B
+    net = NetModel(alpha=1e-3, beta=1e-6)
+    assert block_tensors(plan_mgwfbp(specs, Profile(), net, cfg())) == [[3, 2, 1, 0]]
+    capped = plan_mgwfbp(specs, Profile(), net, cfg(fusion_threshold=2000))
+    assert block_tensors(capped) == [[3, 2], [1], [0]]
+    assert all(sum(p.numel * 4 for p in b.pieces) <= 2000 or len(b.pieces) == 1 for b in capped)
+    off = plan_mgwfbp(specs, Profile(), net, cfg(fusion_threshold=0))
+    assert block_tensors(off) == [[3], [2], [1], [0]]
+
+
 def test_mgwfbp_alpha_rule_for_started_communication() -> None:
     # t2 ready at 0 and starts at once; t1 ready at 0.3 ms while t2's comm (ends 1.4 ms) runs.
     # Waiting 0.3 ms < alpha = 1 ms: merge. With alpha = 0.1 ms the wait is too long: keep apart.
