@@ -269,8 +269,7 @@ void Engine::launch(int64_t position) {
   const int64_t packed = now_us();
   // Zero-copy: a block that is one piece of a contiguous gradient of the wire dtype is reduced
   // in the gradient's own memory. Anything else was copied into a fusion buffer; count it.
-  const auto in_place = FusionBuffer::in_place_view(*block, grads);
-  if (!in_place.defined() || input.data_ptr() != in_place.data_ptr())
+  if (!input.is_alias_of(grads[block->pieces[0].tensor_id]))
     packed_bytes_ += input.numel() * static_cast<int64_t>(input.element_size());
   const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
   // On a device the host times above are only the enqueueing: complete() adds the device's spans.

@@ -31,7 +31,7 @@ at::Tensor FusionBuffer::in_place_view(const BlockSpec& block,
   const auto& piece = block.pieces[0];
   const auto& grad = grads[piece.tensor_id];
   if (!grad.is_contiguous() || grad.scalar_type() != block.wire_dtype) return at::Tensor();
-  return grad.view(-1).narrow(0, piece.offset, piece.numel);
+  return piece_view(grad, piece).view(-1);
 }
 
 int64_t FusionBuffer::padded(int64_t numel, int64_t world_size) {
