@@ -168,6 +168,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       .def_property_readonly("world_size", &Engine::world_size)
       .def_property_readonly("packed_bytes", &Engine::packed_bytes)
+      .def_property_readonly("kept_buffer_bytes",
+                             [](Engine& self) { return self.buffer_pool().kept_bytes(); })
+      .def_property_readonly("kept_buffer_allocations",
+                             [](Engine& self) { return self.buffer_pool().allocations(); })
       .def_property_readonly("waiting_since_us", &Engine::waiting_since_us)
       .def_property_readonly("waited_us", &Engine::waited_us)
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())

@@ -99,6 +99,7 @@ void Engine::install_plan(std::vector<BlockSpec> blocks) {
   }
   plan_ = std::move(blocks);
   tensor_blocks_ = std::move(tensor_blocks);
+  pool_.clear();  // Note [Host fusion buffers are kept] (buffer_pool.cpp): sizes are the plan's
   reset_iteration_locked();
 }
 
@@ -241,12 +242,12 @@ void Engine::launch(int64_t position) {
   at::Tensor input, output;
   switch (block->op) {
     case Collective::kAllreduce:
-      input = output = FusionBuffer::pack(*block, grads, FusionBuffer::numel(*block));
+      input = output = FusionBuffer::pack(*block, grads, FusionBuffer::numel(*block), pool_);
       break;
     case Collective::kReduceScatter: {
       const int64_t padded = FusionBuffer::padded(FusionBuffer::numel(*block), world);
-      input = FusionBuffer::pack(*block, grads, padded);
-      output = at::empty({padded / world}, input.options());
+      input = FusionBuffer::pack(*block, grads, padded, pool_);
+      output = pool_.take(padded / world, input.options());
       break;
     }
     case Collective::kAllGather:
@@ -255,14 +256,16 @@ void Engine::launch(int64_t position) {
         // packed block (K-FAC shares the inverses each rank computed this way).
         const int64_t padded = FusionBuffer::padded(FusionBuffer::numel(*block), world);
         const int64_t slice = padded / world;
-        input = FusionBuffer::pack(*block, grads, padded).narrow(0, transport_->rank() * slice, slice);
-        output = at::empty({input.numel() * world}, input.options());
+        input = FusionBuffer::pack(*block, grads, padded, pool_)
+                    .narrow(0, transport_->rank() * slice, slice);
+        output = pool_.take(input.numel() * world, input.options());
       } else {
         input = source_shard(*block);
         if (!input.defined()) return;  // failed or stopping while waiting
         // Note [An all-gather lands in the gradient it came from] (fusion_buffer.cpp)
         if (block->postscale != 1.0) input.mul_(block->postscale);
-        output = FusionBuffer::gather_output(*block, grads, input.numel() * world, input.options());
+        output = FusionBuffer::gather_output(*block, grads, input.numel() * world, input.options(),
+                                               pool_);
       }
       break;
   }

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "device_clock.h"
 #include "device_sync.h"
 #include "plan_types.h"
@@ -94,6 +95,8 @@ class Engine {
   int64_t world_size() const { return world_size_; }
   // Bytes copied into fusion buffers since the engine was made (zero-copy blocks add nothing).
   int64_t packed_bytes() const { return packed_bytes_.load(); }
+  // The host fusion buffers kept for reuse (Note [Host fusion buffers are kept]).
+  BufferPool& buffer_pool() { return pool_; }
   // The caller's waits (wait_all, wait_block), kept here so that no Python runs around each:
   // since when the caller waits (-1: it does not), for the heartbeats, and the total so far,
   // which the profiler takes out of compute.
@@ -189,6 +192,7 @@ class Engine {
   int64_t in_flight_bytes_ = 0;
 
   std::atomic<bool> stop_{false};
+  BufferPool pool_;
   std::atomic<int64_t> packed_bytes_{0};
   std::atomic<int64_t> waiting_since_us_{-1};
   std::atomic<int64_t> waited_us_{0};

@@ -39,7 +39,7 @@ int64_t FusionBuffer::padded(int64_t numel, int64_t world_size) {
 }
 
 at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tensor>& grads,
-                              int64_t padded_numel) {
+                              int64_t padded_numel, BufferPool& pool) {
   TORCH_INTERNAL_ASSERT(!block.pieces.empty(), "block ", block.block_id, " has no pieces");
   const int64_t total = numel(block);
   TORCH_INTERNAL_ASSERT(padded_numel >= total, "padding shorter than the block");
@@ -47,7 +47,7 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
   if (padded_numel == total) buffer = in_place_view(block, grads);
   if (!buffer.defined()) {
     const auto& first = grads[block.pieces[0].tensor_id];
-    buffer = at::empty({padded_numel}, first.options().dtype(block.wire_dtype));
+    buffer = pool.take(padded_numel, first.options().dtype(block.wire_dtype));
     if (padded_numel > total) buffer.narrow(0, total, padded_numel - total).zero_();
     int64_t pos = 0;
     for (const auto& piece : block.pieces) {
@@ -75,12 +75,13 @@ at::Tensor FusionBuffer::pack(const BlockSpec& block, const std::vector<at::Tens
 // (benchmarks/real/vgg16/dear_timeline.md). The pair's averaging is applied to this rank's
 // shard before it is sent (engine.cpp): half the elements, the same products.
 at::Tensor FusionBuffer::gather_output(const BlockSpec& block, const std::vector<at::Tensor>& grads,
-                                       int64_t numel, const at::TensorOptions& options) {
+                                       int64_t numel, const at::TensorOptions& options,
+                                       BufferPool& pool) {
   if (numel == FusionBuffer::numel(block)) {
     auto view = in_place_view(block, grads);
     if (view.defined()) return view;
   }
-  return at::empty({numel}, options);
+  return pool.take(numel, options);
 }
 
 void FusionBuffer::unpack(const BlockSpec& block, const at::Tensor& buffer,

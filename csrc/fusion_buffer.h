@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "buffer_pool.h"
 #include "plan_types.h"
 
 namespace commsched {
@@ -16,14 +17,15 @@ class FusionBuffer {
   // gradient of the wire dtype (a whole tensor, or a partition of one), that piece of the
   // gradient itself is returned (no copy), as Horovod does for whole tensors.
   // `padded_numel` >= numel(block): reduce-scatter needs a multiple of the world size; the tail
-  // is zero.
+  // is zero. A new buffer comes from `pool`.
   static at::Tensor pack(const BlockSpec& block, const std::vector<at::Tensor>& grads,
-                         int64_t padded_numel);
+                         int64_t padded_numel, BufferPool& pool);
   // Where a reduce-scatter's paired all-gather writes its `numel` elements: the block's own
   // gradient where the block is zero-copy and needs no padding (Note [An all-gather lands in
   // the gradient it came from]), else a new buffer that unpack() copies out.
   static at::Tensor gather_output(const BlockSpec& block, const std::vector<at::Tensor>& grads,
-                                  int64_t numel, const at::TensorOptions& options);
+                                  int64_t numel, const at::TensorOptions& options,
+                                  BufferPool& pool);
   // Multiplies the reduced buffer by `scale` and writes each piece back into its gradient
   // (no-op for the zero-copy case apart from the scaling).
   static void unpack(const BlockSpec& block, const at::Tensor& buffer,

@@ -260,3 +260,48 @@ def test_single_tensor_blocks_are_reduced_in_place() -> None:
         assert out["packed"] == 5 * 4 + 4 * 2  # the fused and the cast block only
         assert out["w"] == [3.0] * 6  # 1 + 2, reduced in the gradient's own memory
         assert out["p"] == [3.0 * i for i in range(8)]  # each partition in its own place
+
+
+def _kept_buffers_job() -> dict:
+    import commsched
+
+    world = commsched.init()
+    rank, size = world.rank, world.size
+    engine = _C.Engine(world.process_group, ["a", "b", "c", "d"], 20_000)
+    # 1.2 MB per tensor: every fused buffer is kept (Note [Host fusion buffers are kept]).
+    n = 300_000
+    avg = 1.0 / size
+    engine.install_plan([
+        _block(0, AR, [(0, 0, n), (1, 0, n)], post=avg),
+        _block(1, RS, [(2, 0, n), (3, 0, n - 1)]),  # padded: the all-gather lands in a buffer
+        _block(2, AG, [(2, 0, n), (3, 0, n - 1)], post=avg, released=True, source=1),
+    ])
+    out: dict[str, Any] = {"exact": [], "allocations": []}
+    for iteration in range(4):
+        grads = [torch.full((n,), float(rank + 10 * iteration + t)) for t in range(3)]
+        grads.append(torch.full((n - 1,), float(rank + 10 * iteration + 3)))
+        for tid in (3, 2, 1, 0):
+            engine.mark_ready(tid, grads[tid])
+        engine.release(2)
+        engine.wait_all(20_000)
+        mean = (size - 1) / 2
+        out["exact"].append(all(bool((g == mean + 10 * iteration + t).all())
+                                for t, g in enumerate(grads)))
+        out["allocations"].append(engine.kept_buffer_allocations)
+    out["kept"] = engine.kept_buffer_bytes
+    engine.install_plan([_block(0, AR, [(0, 0, n)], post=avg)])
+    out["kept_after_new_plan"] = engine.kept_buffer_bytes
+    engine.shutdown()
+    return out
+
+
+def test_host_fusion_buffers_are_reused_across_iterations() -> None:
+    results = distributed_test(_kept_buffers_job, world_size=2, timeout=90)
+    for out in results.values():
+        assert out["exact"] == [True] * 4, out
+        first, *later = out["allocations"]
+        # The fused all-reduce, the padded reduce-scatter's input and shard, the all-gather's
+        # output: allocated in the first iteration, taken again in every later one.
+        assert 2 <= first <= 4 and later == [first] * 3, out
+        assert out["kept"] >= 2 * 300_000 * 4 * 2, out
+        assert out["kept_after_new_plan"] == 0, out
