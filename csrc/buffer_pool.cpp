@@ -7,14 +7,14 @@ namespace commsched {
 // all-gather lands in one. glibc serves an allocation above its mmap threshold (at most 32 MiB)
 // with fresh pages and unmaps them on free, so each such buffer was page-faulted again every
 // iteration, on the engine thread, on cores the backward pass needs: on GPT-2 under `dear` at
-// 64 MiB the packing of about 400 MB took 1-1.3 GB/s where a reused buffer takes 8-12 GB/s
-// (2 ranks, loopback shaped to 4 Gbit/s), and the run was slower than the same policy at 4 MiB,
-// where the large gradients go in place. Horovod keeps one persistent fusion buffer for the same
-// reason. Here a buffer is kept once it is allocated and handed out again, as a view, when its
-// storage has no other user: every tensor that shares it (the engine's in-flight record, the
-// transport's work, a shard Python still holds) counts, so nothing in use is given out twice.
-// A buffer up to a quarter larger than asked for fits, so blocks of nearly equal sizes share
-// buffers. A device's caching allocator already reuses memory; there nothing is kept.
+// 64 MiB the large blocks packed several times slower than fused blocks small enough to be
+// reused from the heap (figures: benchmarks/notes/README.md, 'Host fusion buffers are kept').
+// Horovod keeps a persistent fusion buffer for the same reason. Here a buffer is kept once it
+// is allocated and handed out again, as a view, when its storage has no other user: every
+// tensor that shares it (the engine's in-flight record, the transport's work, a shard Python
+// still holds) counts, so nothing in use is given out twice. A buffer up to a quarter larger
+// than asked for fits, so blocks of nearly equal sizes share buffers. A new plan forgets them
+// (install_plan). A device's caching allocator already reuses memory; there nothing is kept.
 at::Tensor BufferPool::take(int64_t numel, const at::TensorOptions& options) {
   const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(
                                     options.dtype())));

@@ -24,6 +24,7 @@ from ..sim import Ranked
 from .auto_trials import (
     TRIAL_STEPS,
     measured_fastest,
+    prefer_fewer_copies,
     prefer_synchronous,
     runners_up,
     trial_schedule,
@@ -104,11 +105,16 @@ class AutoState:
         """`compressed`: the user's lossy compressor runs, and every candidate carries it;
         `shards` > 1: shard_optimizer runs, and every candidate is sharded (`auto` never
         compresses or shards on its own, nor drops what the user asked for)."""
+        from ..plan.copies import copied_bytes
         from ..sim import FittedNetwork, profile_from_document, rank_candidates
+        from ..sim.profile import specs_from_profile
 
         run = profile_from_document(document)
         ranked = prefer_synchronous(rank_candidates(run, FittedNetwork.from_document(document),
                                                     cfg, overlap_allowed, compressed, shards))
+        specs = specs_from_profile(run if compressed is None else compressed.run)
+        world = run.world_size or 1
+        ranked = prefer_fewer_copies(ranked, lambda plan: copied_bytes(plan, specs, world))
         if not ranked:
             raise RuntimeError("commsched: policy 'auto' found no plan to simulate")
         self.start(ranked, cfg.auto_trials)

@@ -4,7 +4,9 @@ after its choice, in what order, and which one it keeps. Pure functions of the r
 
 from __future__ import annotations
 
-from ..plan import Collective
+from collections.abc import Callable
+
+from ..plan import Collective, Plan
 from ..sim import Ranked
 
 # Note [Overlap must win by a margin]
@@ -127,6 +129,19 @@ CROSS_FIT_TRIAL_WINDOW = 0.30
 # among the choice and the runners-up, the one whose policy's next knob setting is predicted closest
 # to it, when within TIE_WINDOW (one, not one per policy: the trials already take 300-odd steps).
 TIE_WINDOW = 0.02
+
+# Note [Fewer copies break a tie]
+# The simulator does not charge the engine's copies into and out of fusion buffers
+# (plan/copies.py), and the knob settings of one policy differ mostly in them: under `dear` a
+# 4 MiB threshold sends every large gradient in place, while 64 MiB fuses a few layers at a
+# time and copies nearly every byte in and out. GPT-2 on 2 ranks at 4 Gbit/s: `auto` without
+# trials saw dear at 4, 16 and 64 MiB within TIE_WINDOW of each other and picked 64 MiB by a
+# hair in one run, 16 MiB in another, while 4 MiB measured clearly faster than 64 MiB in the
+# benchmark's rounds, before and after fused host buffers were kept (Note [Host fusion buffers
+# are kept] in csrc/buffer_pool.cpp; figures: benchmarks/notes/README.md, 'Fewer copies break a
+# tie'). So among the leading policy's knob settings predicted within TIE_WINDOW of the leader,
+# the one that copies fewest bytes leads; the trials still measure the leader it displaced
+# (`knob_twin`). A tie is what the simulator cannot order; the copies are what it leaves out.
 TRIAL_STEPS = 10
 SWITCH_MARGIN = 0.01
 
@@ -222,6 +237,22 @@ def measured_fastest(measured: dict[int, float], leader: int,
     `margin`, else `leader`."""
     best = min(measured, key=lambda index: (measured[index], index))
     return best if measured[best] < measured[leader] * (1.0 - margin) else leader
+
+
+def prefer_fewer_copies(ranked: list[Ranked], copies: Callable[[Plan], int],
+                        window: float = TIE_WINDOW) -> list[Ranked]:
+    """`ranked` with the leading policy's knob setting that copies fewest bytes (`copies` of
+    its plan) moved to the front, among those predicted within `window` of `ranked[0]` (Note
+    [Fewer copies break a tie]); ties in copies keep their order."""
+    if not ranked:
+        return ranked
+    leader = ranked[0]
+    limit = leader.predicted_s * (1.0 + window)
+    tied = [r for r in ranked if r.policy == leader.policy and r.predicted_s <= limit]
+    best = min(tied, key=lambda r: copies(r.plan))
+    if best is leader or copies(best.plan) == copies(leader.plan):
+        return ranked
+    return [best] + [r for r in ranked if r is not best]
 
 
 def prefer_synchronous(ranked: list[Ranked], margin: float = OVERLAP_MARGIN) -> list[Ranked]:
