@@ -15,8 +15,10 @@ run is the reference line of the table.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
+import multiprocessing
 import shlex
 import statistics
 import sys
@@ -125,6 +127,26 @@ def train(variant: str, lr: float, seed: int, data: Data, args: argparse.Namespa
             "seconds": time.perf_counter() - began}
 
 
+def _worker_init() -> None:
+    """A worker process of `--jobs`: one thread, its own world of one."""
+    torch.set_num_threads(1)
+    commsched.init()
+
+
+def train_all(jobs: list[tuple[str, float, int]], data: Data, args: argparse.Namespace
+              ) -> list[dict[str, Any]]:
+    """Every (variant, lr, seed) run, in order: in this process, or over `args.jobs` worker
+    processes (one core each; a run's result depends on its seed alone)."""
+    if args.jobs <= 1:
+        return [train(variant, lr, seed, data, args) for variant, lr, seed in jobs]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context,
+                                                initializer=_worker_init) as pool:
+        futures = [pool.submit(train, variant, lr, seed, data, args)
+                   for variant, lr, seed in jobs]
+        return [f.result() for f in futures]
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] if math.isfinite(r[key]) else math.inf for r in runs)
 
@@ -170,21 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=MODELS, default="cnn")
     p.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, in as many processes (at most one per core)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     began = time.perf_counter()
     data = model_data(args.model, load_data(400, 0))
     args.out.mkdir(parents=True, exist_ok=True)
     commsched.init()
-    grid, best = [], {}
+    grid = train_all([(variant, lr, seed) for variant in args.only for lr in args.lrs
+                      for seed in args.seeds], data, args)
+    best = {}
     for variant in args.only:
         scored = []
         for lr in args.lrs:
-            runs = [train(variant, lr, seed, data, args) for seed in args.seeds]
-            grid.extend(runs)
+            runs = [r for r in grid if r["variant"] == variant and r["lr"] == lr]
             scored.append((_median(runs, "train_loss"), lr, runs))
-            print(f"{variant:12s} lr={lr:<6g} loss={scored[-1][0]:.4f} "
-                  f"({time.perf_counter() - began:.0f} s)", flush=True)
+            print(f"{variant:12s} lr={lr:<6g} loss={scored[-1][0]:.4f}", flush=True)
         loss, lr, runs = min(scored, key=lambda t: (t[0], t[1]))
         best[variant] = {"lr": lr, "train_loss": loss, "test_acc": _median(runs, "test_acc"),
                          "runs": runs}

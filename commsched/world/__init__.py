@@ -4,10 +4,11 @@
 broadcast_parameters, ...) are re-exported by the package root from world.bootstrap and
 world.broadcast; process sets (process_set=) are views of the world (world.process_sets)."""
 
-from .bootstrap import World, init
+from .bootstrap import init
 from .consistency import check_identical, parameter_signature
 from .errors import MismatchError, RankFailureError
 from .liveness import StallWarning
+from .view import World
 
 __all__ = ["MismatchError", "RankFailureError", "StallWarning", "World", "check_identical",
            "init", "parameter_signature"]

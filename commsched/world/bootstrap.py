@@ -11,113 +11,20 @@
 from __future__ import annotations
 
 import datetime
-import enum
 import logging
 import os
-import socket
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..config import load_config
 from . import groups, registry
-from .errors import RankFailureError, elastic, failure_type, import_horovod, without_backtrace
+from .errors import elastic, import_horovod
+from .interfaces import address_towards, choose_gloo_interface
+from .view import Launcher, World
 
 log = logging.getLogger("commsched")
-
-
-class Launcher(enum.StrEnum):
-    """How this process was started, which decides how init() finds the other ranks."""
-
-    HOROVOD = "horovod"
-    TORCHRUN = "torchrun"
-    LONE = "lone"
-    EXISTING = "existing"  # the user initialised torch.distributed before us
-
-
-@dataclass
-class World:
-    """One process's view of the job: its rank among `size`, how it was launched, its groups.
-
-    commsched's own modules pass it around; users read the same facts through rank(), size()
-    and local_rank(). A process set's view (world.process_sets) is a World too.
-    """
-
-    rank: int
-    size: int
-    local_rank: int
-    launcher: Launcher
-    process_group: Any | None  # the data-plane group; None for a world of one
-    control_group: Any | None  # Gloo group for small control messages (plans, hashes)
-    owns_process_group: bool
-    timeout: float
-    store_address: tuple[str, int] | None = None  # rendezvous store, for heartbeats
-    liveness: Any = None
-    generation: int = 0  # how many worlds this process formed before (elastic re-forming)
-    broken: bool = False  # a collective failed: an elastic job re-forms the world
-    # A process set's view of the world (world.process_sets): the global ranks of its members,
-    # `rank` and `size` being within the set; None for the whole world.
-    members: tuple[int, ...] | None = None
-    subsets: dict[tuple[int, ...], World] = field(default_factory=dict)  # views made so far
-    # The whole world, for a process set's view (whose groups were made in it).
-    parent: World | None = field(default=None, repr=False, compare=False)
-
-    def global_rank(self, rank: int) -> int:
-        """The global rank of this world's `rank` (itself for the whole world)."""
-        return rank if self.members is None else self.members[rank]
-
-    def fail(self, text: str) -> RankFailureError:
-        """The error for a failed collective of this world; marks the world broken.
-
-        An elastic job re-forms a broken world at the next step (Note [Elastic Horovod]).
-        """
-        self.broken = True
-        if self.parent is not None:  # re-form the world its groups were made in
-            self.parent.broken = True
-        return failure_type()(text)
-
-    def _control(self, call: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            call(*args, group=self.control_group, **kwargs)
-        except RuntimeError as err:
-            if not elastic():
-                raise
-            raise self.fail(f"commsched: a control message failed: {without_backtrace(err)}"
-                            ) from None  # its text holds err's, without the C++ frames
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order, over the control group (all ranks call it)."""
-        if self.size == 1:
-            return [obj]
-        out: list[Any] = [None] * self.size
-        self._control(dist.all_gather_object, out, obj)
-        return out
-
-    def new_data_group(self) -> Any | None:
-        """A process group of its own for one engine (all ranks call this together, at wrap time).
-
-        Its collectives can then never interleave with another engine's, DDP's or the user's
-        own, which would pair different collectives across ranks once updates overlap the next
-        iteration.
-        """
-        if self.size == 1:
-            return None
-        backend = dist.get_backend(self.process_group)
-        if self.members is not None:
-            return groups.subgroup(self.members, backend, self.timeout)
-        return groups.track(dist.new_group(ranks=list(range(self.size)), backend=backend,
-                                           timeout=datetime.timedelta(seconds=self.timeout)))
-
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        """`obj` as rank `root` of this world has it (all ranks call it), over the control group."""
-        if self.size == 1:
-            return obj
-        box = [obj if self.rank == root else None]
-        self._control(dist.broadcast_object_list, box, src=self.global_rank(root))
-        return box[0]
 
 
 _world: World | None = None
@@ -127,55 +34,6 @@ _generation = 0  # worlds formed by this process so far (see Note [Elastic Horov
 
 def _backend() -> str:
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-
-
-def _address_towards(host: str, port: int) -> str:
-    """This host's address on the route to `host` (the rendezvous server).
-
-    Peers that reach the server reach it too, without assuming loopback or an interface name.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, port))  # UDP: no packet is sent
-        return str(probe.getsockname()[0])
-
-
-def _interface_with_address(address: str) -> str | None:
-    """The name of the local interface that holds `address` (Linux: SIOCGIFADDR)."""
-    import fcntl
-    import struct
-
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(probe.fileno(), siocgifaddr,
-                                  struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue  # no IPv4 address on this interface
-            if socket.inet_ntoa(raw[20:24]) == address:
-                return name
-    return None
-
-
-def _choose_gloo_interface(peer: str) -> None:
-    """Sets GLOO_SOCKET_IFNAME to the interface on the route to the rendezvous host `peer`.
-
-    Gloo binds to the address the host name resolves to, which is often 127.0.x.1: peers on
-    other hosts then dial their own loopback and the job times out. An interface the user chose
-    (GLOO_SOCKET_IFNAME) is kept.
-    """
-    if os.environ.get("GLOO_SOCKET_IFNAME") or _backend() != "gloo":
-        return
-    try:
-        local = _address_towards(peer, 9)
-    except OSError:
-        return  # cannot resolve or route: leave Gloo's own choice
-    if local.startswith("127."):
-        return
-    interface = _interface_with_address(local)
-    if interface:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface
-        log.info("commsched: Gloo uses interface %s (%s), the route to %s", interface, local, peer)
 
 
 HOROVODRUN = "this process was started by horovodrun (HOROVOD_RANK is set)"
@@ -193,10 +51,10 @@ def _horovod_world(timeout: float) -> World:
         return _existing_world(timeout)
     store = None
     rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
-    _choose_gloo_interface(rendezvous)
+    choose_gloo_interface(rendezvous, _backend())
     if rank == 0:
         port = int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1"))
-        host = _address_towards(rendezvous, port)
+        host = address_towards(rendezvous, port)
         store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=delta)
         address = (host, store.port)
     else:
@@ -231,7 +89,7 @@ def _attempt_namespace() -> str:
 
 
 def _torchrun_world(timeout: float) -> World:
-    _choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"), _backend())
     delta = datetime.timedelta(seconds=timeout)
     namespace = _attempt_namespace()
     if namespace:

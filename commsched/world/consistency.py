@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..plan import TensorSpec
-from .bootstrap import World
 from .errors import MismatchError
+from .view import World
 
 
 def digest(items: Any) -> str:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .bootstrap import World
 from .groups import subgroup
+from .view import World
 
 
 def members_of(process_set: Any, world_size: int) -> tuple[int, ...] | None:

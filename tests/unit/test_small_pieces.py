@@ -13,9 +13,9 @@ from commsched import Compression, ReduceOp
 from commsched.compression import resolve
 from commsched.ops import resolve_op
 from commsched.runtime.timeline import TimelineWriter, timeline_path
-from commsched.world.bootstrap import Launcher, World
 from commsched.world.consistency import check_identical, digest, first_difference
 from commsched.world.errors import MismatchError
+from commsched.world.view import Launcher, World
 
 
 def test_first_difference() -> None:
