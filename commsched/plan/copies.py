@@ -16,10 +16,6 @@ def _in_place(block: Block, specs: Mapping[int, TensorSpec]) -> bool:
     return len(block.pieces) == 1 and specs[block.pieces[0].tensor_id].dtype == block.dtype
 
 
-def _padded(numel: int, world_size: int) -> int:
-    return -(-numel // world_size) * world_size
-
-
 def block_copied_bytes(block: Block, specs: Mapping[int, TensorSpec], world_size: int) -> int:
     """Bytes the engine copies for one block: into its buffer before the collective and out of
     it after, each counted once per byte moved. `specs`: the tensors by id."""
@@ -28,7 +24,7 @@ def block_copied_bytes(block: Block, specs: Mapping[int, TensorSpec], world_size
     in_place = _in_place(block, specs)
     if block.op is Collective.ALLREDUCE:
         return 0 if in_place else 2 * nbytes
-    unpadded = _padded(numel, world_size) == numel
+    unpadded = numel % world_size == 0  # a reduce-scatter pads to a multiple of the ranks
     if block.op is Collective.REDUCE_SCATTER:
         return 0 if in_place and unpadded else nbytes
     if block.source is not None:  # a pair's all-gather: packs nothing, lands where it can

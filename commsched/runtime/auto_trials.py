@@ -248,9 +248,11 @@ def prefer_fewer_copies(ranked: list[Ranked], copies: Callable[[Plan], int],
         return ranked
     leader = ranked[0]
     limit = leader.predicted_s * (1.0 + window)
-    tied = [r for r in ranked if r.policy == leader.policy and r.predicted_s <= limit]
-    best = min(tied, key=lambda r: copies(r.plan))
-    if best is leader or copies(best.plan) == copies(leader.plan):
+    # The leader is the first of them; min keeps the first of equal copies.
+    tied = [(copies(r.plan), r) for r in ranked
+            if r.policy == leader.policy and r.predicted_s <= limit]
+    fewest, best = min(tied, key=lambda pair: pair[0])
+    if fewest == tied[0][0]:
         return ranked
     return [best] + [r for r in ranked if r is not best]
 
