@@ -91,6 +91,10 @@ def _verdict_line(verdict: dict) -> str:
     trials = verdict.get("auto_trials") or {}
     measured = "" if not trials else "; its trial windows (ms): " + ", ".join(
         f"{plan} {'/'.join(f'{ms:.1f}' for ms in windows)}" for plan, windows in trials.items())
+    leaders = verdict.get("auto_ranking") or {}
+    if leaders:
+        measured += "; its ranking, the best of each policy (predicted ms): " + ", ".join(
+            f"{plan} {ms:.1f}" for plan, ms in leaders.items())
     return (f"\n{who} picked {verdict['auto_policy']} {verdict['auto_knobs']} (predicted "
             f"{'-' if predicted is None else f'{predicted:.1f} ms'}); measured fastest commsched "
             f"candidate: {verdict['measured_fastest']}; picked the fastest policy: "

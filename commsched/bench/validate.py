@@ -111,7 +111,8 @@ def auto_verdict(rows: list[dict[str, Any]], auto_label: str, auto_summary: dict
             "auto_median_ms": own, "auto_vs_fastest": ratio,
             "auto_within_tolerance": ratio is not None and ratio <= 1 + AUTO_TOLERANCE,
             **_resampled_verdict(rows, auto_label, list(measured)),
-            "auto_trials": trial_windows_ms(auto_summary.get("history", []))}
+            "auto_trials": trial_windows_ms(auto_summary.get("history", [])),
+            "auto_ranking": policy_leaders_ms(auto_summary.get("ranking", []))}
 
 
 def _resampled_verdict(rows: list[dict[str, Any]], auto_label: str,
@@ -137,6 +138,18 @@ def trial_windows_ms(history: list[dict]) -> dict[str, list[float]]:
             windows.setdefault(f"{entry['policy']} {entry['knobs']}", []).append(
                 round(1e3 * entry["measured_s"], 1))
     return windows
+
+
+def policy_leaders_ms(ranking: list) -> dict[str, float]:
+    """The best-predicted knob setting of each policy in `auto`'s last ranking, with its
+    prediction in ms, best first: what decided which plans its trials measured."""
+    leaders: dict[str, float] = {}
+    seen: set[str] = set()
+    for policy, knobs, predicted_s in ranking:
+        if policy not in seen:
+            seen.add(policy)
+            leaders[f"{policy} {knobs}"] = round(1e3 * predicted_s, 1)
+    return leaders
 
 
 def _ms(seconds: float | None) -> float | None:

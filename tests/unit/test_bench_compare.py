@@ -189,8 +189,13 @@ def test_auto_verdict_shows_the_trial_windows_autos_choice_rested_on() -> None:
                window("horovod", 0.1112), window("dear", 0.0995), window("dear", 0.1, "kept")]
     rows = [{"name": "commsched:horovod", "median_ms": 110.0},
             {"name": "commsched:auto", "median_ms": 100.0}]
+    ranking = [("dear", {}, 0.1), ("dear", {"fusion_threshold": 1}, 0.101),
+               ("horovod", {}, 0.12)]
     verdict = auto_verdict(rows, "commsched:auto", {"policy": "dear", "knobs": {},
-                                                    "history": history})
+                                                    "history": history, "ranking": ranking})
+    assert verdict["auto_ranking"] == {"dear {}": 100.0, "horovod {}": 120.0}
+    assert "the best of each policy (predicted ms): dear {} 100.0, horovod {} 120.0" in \
+        auto_line(verdict)
     # The choice's check (130 ms) and the closing entry are no trial windows.
     assert verdict["auto_trials"] == {"horovod {}": [110.4, 111.2], "dear {}": [100.1, 99.5]}
     assert "its trial windows (ms): horovod {} 110.4/111.2, dear {} 100.1/99.5" in \
