@@ -147,8 +147,64 @@ def train_all(jobs: list[tuple[str, float, int]], data: Data, args: argparse.Nam
         return [f.result() for f in futures]
 
 
+# What makes one run's result; an earlier report's runs are reused only where all of it matches.
+RUN_SETTINGS = ("steps", "batch_size", "profile_steps", "model", "schedule", "warmup_steps")
+
+
+def load_resumed(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The runs of an earlier report (`--resume`) made with this run's settings.
+
+    Raises:
+        SystemExit: a setting that makes a run's result differs from this run's.
+    """
+    earlier = json.loads(path.read_text())
+    for key in RUN_SETTINGS:
+        if earlier["settings"].get(key) != getattr(args, key):
+            raise SystemExit(f"compression_convergence: --resume {path}: its {key} was "
+                             f"{earlier['settings'].get(key)!r}, this run's is "
+                             f"{getattr(args, key)!r}; its runs cannot be reused")
+    return list(earlier["grid"])
+
+
+def resume(jobs: list[tuple[str, float, int]], earlier: list[dict[str, Any]], data: Data,
+           args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every run of `jobs`: those of `earlier` taken as they are, the others trained. The
+    fastest reused run is trained again and must come out the same, or nothing is reused (a
+    run's result depends on its seed alone; a change of code since would show here).
+
+    Raises:
+        SystemExit: the re-trained run differs from its earlier result.
+    """
+    known = {(r["variant"], r["lr"], r["seed"]): r for r in earlier}
+    reused = [known[job] for job in jobs if job in known]
+    if not reused:
+        return train_all(jobs, data, args), {}
+    check = min(reused, key=lambda r: r["seconds"])
+    job = (check["variant"], check["lr"], check["seed"])
+    todo = [j for j in jobs if j not in known]
+    fresh = dict(zip([job, *todo], train_all([job, *todo], data, args), strict=True))
+    again = fresh[job]
+    if (again["test_acc"] != check["test_acc"]
+            or not math.isclose(again["train_loss"], check["train_loss"], rel_tol=1e-6)):
+        raise SystemExit(f"compression_convergence: --resume: {job} trained again gave loss "
+                         f"{again['train_loss']:.6f} and accuracy {again['test_acc']:.2f}%, "
+                         f"the earlier report {check['train_loss']:.6f} and "
+                         f"{check['test_acc']:.2f}%; its runs cannot be reused")
+    runs = [known[j] if j in known else fresh[j] for j in jobs]
+    return runs, {"reused": len(reused), "checked": list(job)}
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] if math.isfinite(r[key]) else math.inf for r in runs)
+
+
+def _resumed_line(report: dict[str, Any]) -> str:
+    resumed = report.get("resumed") or {}
+    if not resumed:
+        return ""
+    variant, lr, seed = resumed["checked"]
+    return (f"\n{resumed['reused']} runs were taken from `--resume`'s report, after its run of "
+            f"{variant} at lr {lr:g}, seed {seed}, trained again here, came out the same.")
 
 
 def write_readme(out: Path, report: dict[str, Any]) -> None:
@@ -169,7 +225,7 @@ def write_readme(out: Path, report: dict[str, Any]) -> None:
                 f", {s['warmup_steps']} steps of linear warm-up then a cosine decay to zero")
     text = f"""# Compression convergence: {task}, a world of one
 
-Command: `{report['command']}`; wall time {report['wall_seconds']:.0f} s.
+Command: `{report['command']}`; wall time {report['wall_seconds']:.0f} s.{_resumed_line(report)}
 {s['steps']} steps of batch {s['batch_size']}, seeds {s['seeds']}, SGD momentum 0.9,
 {tuned}{schedule}. Targets: PowerSGD rank 4
 (issue 15) and top-k 1% and 10% (issue 55, top-k with DGC's momentum correction under the SGD
@@ -194,14 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at once, in as many processes (at most one per core)")
+    p.add_argument("--resume", type=Path,
+                   help="an earlier results.json of the same settings: its runs are reused, "
+                        "after its fastest reused run is trained again and matches")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     began = time.perf_counter()
     data = model_data(args.model, load_data(400, 0))
     args.out.mkdir(parents=True, exist_ok=True)
     commsched.init()
-    grid = train_all([(variant, lr, seed) for variant in args.only for lr in args.lrs
-                      for seed in args.seeds], data, args)
+    jobs = [(variant, lr, seed) for variant in args.only for lr in args.lrs
+            for seed in args.seeds]
+    earlier = load_resumed(args.resume, args) if args.resume else []
+    grid, resumed = resume(jobs, earlier, data, args)
     best = {}
     for variant in args.only:
         scored = []
@@ -216,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                          + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                              else argv)),
               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "best": best, "grid": grid, "torch": torch.__version__,
+              "best": best, "grid": grid, "resumed": resumed, "torch": torch.__version__,
               "wall_seconds": time.perf_counter() - began}
     (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     if "none" in best:
