@@ -106,8 +106,9 @@ CROSS_FIT_TRIAL_WINDOW = 0.30
 # TRIAL_WINDOW behind it (dear more than CROSS_FIT_TRIAL_WINDOW): its trials, which take every
 # policy within those windows, measured only ddp and horovod. In the same job dear measured
 # clearly faster than `auto`, and in the overlap job bytescheduler and prophet ran ahead of
-# mgwfbp's synchronous job (figures: benchmarks/notes/README.md, 'A synchronous choice is
-# measured against an overlap one'). So
+# mgwfbp's synchronous job. Nor is that prediction steady: in the next run of the same job
+# `auto`'s ranking put dear within a fraction of a percent of mgwfbp (figures:
+# benchmarks/notes/README.md, 'A synchronous choice is measured against an overlap one'). So
 # when the choice and all its runners-up are synchronous, the best overlap candidate is
 # measured beside them, whatever its prediction. It comes on top of the `auto_trials`
 # runners-up, and it brings no knob twin of its own: the trials already take 300-odd steps.
