@@ -222,7 +222,7 @@ class Compression:
                         _checked("powersgd_min_ratio", min_ratio, call))
 
     @staticmethod
-    def topk(ratio: float = 0.01) -> TopK:
+    def topk(ratio: float = 0.01, start_step: int = 0) -> TopK:
         """Top-k: each compressed gradient sends its `ratio` share of largest-magnitude entries.
 
         Tensors whose k values and k indices would not halve their bytes (biases, small
@@ -230,18 +230,23 @@ class Compression:
         sends from its momentum-corrected velocity (Deep Gradient Compression) and your SGD's
         own momentum is not applied on top; under other optimizers with momentum (Adam), plain
         error feedback, with a warning (docs/compression.md, "Top-k under momentum"). The
-        argument is checked as COMMSCHED_TOPK_RATIO is.
+        arguments are checked as COMMSCHED_TOPK_RATIO and COMMSCHED_TOPK_START_STEP are.
 
         Args:
             ratio: the share of entries sent, in (0, 1].
+            start_step: iterations exchanged uncompressed before compression starts (a
+                warm-up, as Deep Gradient Compression's), 0 or more. Under SGD with momentum,
+                DGC's velocities then continue from SGD's momentum buffers.
 
         Returns:
             The compressor's settings, for ``compression=``.
 
         Raises:
-            ConfigError: `ratio` is not a number in (0, 1].
+            ConfigError: an argument has a value its knob does not allow.
         """
-        return TopK(_checked("topk_ratio", ratio, "Compression.topk()"))
+        call = "Compression.topk()"
+        return TopK(_checked("topk_ratio", ratio, call),
+                    _checked("topk_start_step", start_step, call))
 
 
 _CASTS: dict[str, type[Compressor]] = {"none": NoneCompressor, "fp16": FP16Compressor,
@@ -253,7 +258,7 @@ def from_config(cfg: Config) -> type[Compressor] | LossyCompression:
     if cfg.compression == "powersgd":
         return PowerSGD(cfg.powersgd_rank, cfg.powersgd_start_step, cfg.powersgd_min_ratio)
     if cfg.compression == "topk":
-        return TopK(cfg.topk_ratio)
+        return TopK(cfg.topk_ratio, cfg.topk_start_step)
     return _CASTS[cfg.compression]
 
 

@@ -182,6 +182,9 @@ KNOBS: tuple[Knob, ...] = (
          "policies and `dear`; element-wise torch.optim optimizers."),
     Knob("topk_ratio", Kind.FLOAT, 0.01, "`topk`: share of each compressed tensor's entries sent "
          "(the largest in magnitude).", minimum=0, exclusive_minimum=True, maximum=1),
+    Knob("topk_start_step", Kind.COUNT, 0, "`topk`: iterations exchanged uncompressed first (a "
+         "warm-up; DGC's velocities then continue from SGD's momentum).", minimum=0,
+         maximum=1 << 31),
 )
 KNOBS_BY_KEY = {k.key: k for k in KNOBS}
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -213,6 +216,7 @@ class Config:
     powersgd_start_step: int = 0
     powersgd_min_ratio: float = 2.0
     topk_ratio: float = 0.01
+    topk_start_step: int = 0
     auto_trials: int = 2
     shard_optimizer: bool = False
 

@@ -214,6 +214,8 @@ class CompressedGradients:
         lifecycle.compressor = self
         if iteration > 0:
             lifecycle.reinstall(iteration)
+            if self.correction is not None:
+                self.correction.continue_from_buffers()
 
     def restored_at(self, iteration: int, lifecycle: _Plans) -> None:
         """After load_state_dict(): compressing or not as the saved run was at this iteration
@@ -221,6 +223,8 @@ class CompressedGradients:
         if iteration >= self.lossy.start_step:
             self.on = True
             lifecycle.compressor = self
+            if iteration == self.lossy.start_step > 0 and self.correction is not None:
+                self.correction.continue_from_buffers()  # saved before its first hand-over
 
     def hand_over(self, index: int, grad: torch.Tensor) -> None:
         """The gradient of compressed tensor `index` (position in `ids`), on its last pass.

@@ -38,6 +38,14 @@ gradient reproduces DGC's update there. PowerSGD does not warn: its error feedba
 momentum SGD is the published method (Vogels et al. trained with momentum 0.9, as does torch's
 PowerSGD hook), and every entry moves at every step, so no entry is released late.
 
+With a warm-up (``start_step``), SGD's own momentum runs while the gradients go uncompressed,
+and DGC's velocities then start from its buffers rather than from zero, or the first compressed
+steps would move by the gradient alone, a momentum-free stall at each switch. Each rank's u
+takes SGD's buffer (the same on every rank), so the first compressed step's momentum term is
+m x buffer, SGD's own; with Nesterov u = m x buffer, since DGC's v gets m u + (1 + m) g there
+against SGD's g + m (m buffer + g). An entry sent at that step thus moves exactly as it would
+have uncompressed (tests/unit/test_dgc.py).
+
 What the user sees: ``p.grad`` after synchronize() is that handed gradient, not the averaged
 one (clip_grad_norm_ there clips DGC's update divided by f). Under an fp16 GradScaler, the
 weight-decay term (unscaled) rides with scaled gradients: its share is divided by the scale
@@ -118,6 +126,9 @@ class MomentumCorrection:
                            for p, s in zip(params, shapes, strict=True)]
         self._decay_share = decay_share  # of weight_decay x p, added on each rank
         self._used: list[Hyper | None] = [None] * len(self.params)
+        # Per tensor: whether its velocity is to start from SGD's buffer at its next hand-over
+        # (compression has just started after a warm-up).
+        self._continuing = [False] * len(self.params)
         self._groups_seen: list[dict[str, Any]] | None = None
         self._group_of: dict[int, dict[str, Any]] = {}
 
@@ -137,12 +148,33 @@ class MomentumCorrection:
         return Hyper(float(group["momentum"]), float(group.get("dampening", 0.0)),
                      bool(group.get("nesterov", False)), float(group.get("weight_decay", 0.0)))
 
+    def continue_from_buffers(self) -> None:
+        """Compression starts after uncompressed steps: at its next hand-over, each velocity
+        starts from the momentum SGD has built (the buffers are read then, once the updates
+        an overlap plan defers into the forward pass are applied)."""
+        self._continuing = [True] * len(self.params)
+
+    def _continue(self, index: int, hyper: Hyper) -> None:
+        self._continuing[index] = False
+        optimizer = self._optimizer()
+        buffer = None if optimizer is None \
+            else optimizer.state.get(self.params[index], {}).get("momentum_buffer")
+        if buffer is None:
+            return
+        velocity = self.velocities[index]
+        velocity.copy_(buffer.reshape(velocity.shape))
+        if hyper.nesterov:
+            velocity.mul_(hyper.momentum)
+
     def accumulate(self, index: int, grad: torch.Tensor, accumulator: torch.Tensor) -> bool:
         """v += the corrected velocity of `grad` (shaped as `accumulator`); False where the
         group has no momentum to correct, and nothing was done."""
         hyper = self._used[index] = self._hyper(index)
         if hyper is None:
+            self._continuing[index] = False
             return False
+        if self._continuing[index]:
+            self._continue(index, hyper)
         if hyper.weight_decay:
             param = self.params[index].detach().reshape(accumulator.shape)
             grad = grad.add(param, alpha=hyper.weight_decay * self._decay_share)

@@ -250,10 +250,13 @@ def test_full_rank_training_reproduces_uncompressed(passes: int) -> None:
 
 @pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
 @pytest.mark.parametrize("compression", [Compression.powersgd(rank=2, min_ratio=1, start_step=3),
-                                         Compression.topk(ratio=0.1)],
-                         ids=["powersgd", "topk"])
+                                         Compression.topk(ratio=0.1),
+                                         Compression.topk(ratio=0.1, start_step=4)],
+                         ids=["powersgd", "topk", "topk-saved-at-its-start"])
 def test_resumed_run_is_bit_identical(compression: Any, policy: str) -> None:
-    """Also under an overlap plan, whose last updates are applied (flush) before saving."""
+    """Also under an overlap plan, whose last updates are applied (flush) before saving. Top-k
+    saved at its start_step, before its first compressed step: the resumed run's velocities
+    start from SGD's momentum too (Note [DGC under the user's momentum])."""
     model = _model()
     opt = _wrap(model, compression, policy=policy, model=model)
     for step in range(4):

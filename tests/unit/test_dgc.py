@@ -31,10 +31,13 @@ def _top(m: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def dgc_reference(grads_per_step: list[list[torch.Tensor]], k: int, momentum: float,
-                  nesterov: bool = False) -> list[torch.Tensor]:
+                  nesterov: bool = False, start: torch.Tensor | None = None
+                  ) -> list[torch.Tensor]:
     """Lin et al.'s algorithm: per rank u = m u + g, v = v + u, send top-k of v, clear v and u
-    where sent; the update is the average of what was sent. Float64."""
-    us = [torch.zeros_like(g, dtype=torch.float64) for g in grads_per_step[0]]
+    where sent; the update is the average of what was sent. Float64. `start`: every rank's
+    first u (zero by default)."""
+    us = [torch.zeros_like(g, dtype=torch.float64) if start is None else start.clone()
+          for g in grads_per_step[0]]
     vs = [torch.zeros_like(u) for u in us]
     out = []
     for grads in grads_per_step:
@@ -127,15 +130,17 @@ def _batch(step: int) -> torch.Tensor:
     return torch.randn(8, 20, generator=torch.Generator().manual_seed(step))
 
 
-def _run(lossy: Any, steps: int = 5, **sgd: Any) -> list[torch.Tensor]:
+def _run(lossy: Any, steps: int = 5, policy: str = "horovod", **sgd: Any) -> list[torch.Tensor]:
     model = _model()
     opt = commsched.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR, **sgd),
-        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2)
+        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2,
+        policy=policy, model=model)
     for step in range(steps):
         opt.zero_grad()
         model(_batch(step)).square().mean().backward()
         opt.step()
+    opt.flush()
     opt.session.close()
     return [p.detach().clone() for p in model.parameters()]
 
@@ -144,7 +149,8 @@ def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov:
                    weight_decay: float = 0.0) -> list[torch.Tensor]:
     """Float64: DGC (momentum > 0) or plain error feedback on the compressed tensors, whose
     update is lr x the exchanged value (weight decay inside DGC's gradient); the rest by
-    torch's SGD with the same hyper-parameters."""
+    torch's SGD with the same hyper-parameters. Before `lossy.start_step`, every tensor by
+    that SGD; DGC's u then starts from SGD's buffer b (Nesterov: m b)."""
     model = _model().double()
     params = list(model.parameters())
     compressed = [p for p in params if lossy.compresses(p.shape)]
@@ -152,16 +158,26 @@ def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov:
     opt = torch.optim.SGD(rest, lr=LR, momentum=momentum, nesterov=nesterov,
                           weight_decay=weight_decay) if rest else None
     history: dict[int, list[list[torch.Tensor]]] = {id(p): [] for p in compressed}
+    warm_up = torch.optim.SGD(compressed, lr=LR, momentum=momentum, nesterov=nesterov,
+                              weight_decay=weight_decay)
     for step in range(steps):
         model.zero_grad()
         model(_batch(step).double()).square().mean().backward()
+        if step < lossy.start_step:
+            warm_up.step()
+            compressed_now: list[torch.Tensor] = []
+        else:
+            compressed_now = compressed
+        buffers = {id(p): warm_up.state[p].get("momentum_buffer") for p in compressed}
         with torch.no_grad():
-            for p in compressed:
+            for p in compressed_now:
                 assert p.grad is not None
                 history[id(p)].append([p.grad + weight_decay * p if momentum else p.grad])
                 k = lossy.k(p.numel())
-                updates = dgc_reference(history[id(p)], k, momentum, nesterov) if momentum \
-                    else ef_reference(history[id(p)], k)
+                buffer = buffers[id(p)]
+                start = None if buffer is None else buffer * (momentum if nesterov else 1.0)
+                updates = dgc_reference(history[id(p)], k, momentum, nesterov, start) \
+                    if momentum else ef_reference(history[id(p)], k)
                 direction = updates[-1] if momentum else updates[-1] + weight_decay * p
                 p.grad = None
                 p.sub_(LR * direction)
@@ -184,6 +200,31 @@ def test_runtime_matches_float64_reference(sgd: dict[str, Any], ratio: float) ->
     feedback. The uncompressed biases keep the user's momentum SGD."""
     lossy = TopK(ratio)
     _close(_run(lossy, **sgd), _reference_run(lossy, **sgd))
+
+
+@pytest.mark.parametrize(("nesterov", "policy"), [(False, "horovod"), (True, "horovod"),
+                                                  (False, "bytescheduler")])
+def test_a_warm_up_hands_sgds_momentum_to_dgc(nesterov: bool, policy: str) -> None:
+    """Compression.topk(start_step=3): three steps of plain momentum SGD, then DGC whose
+    velocities start from SGD's buffers (Note [DGC under the user's momentum]). Under an
+    overlap plan the buffers are read after the updates deferred into the forward pass."""
+    lossy = TopK(0.1, start_step=3)
+    sgd = {"momentum": 0.9, "nesterov": nesterov, "weight_decay": 0.0 if nesterov else WD}
+    _close(_run(lossy, steps=6, policy=policy, **sgd), _reference_run(lossy, steps=6, **sgd))
+
+
+def test_the_first_compressed_step_moves_sent_entries_as_sgd_would() -> None:
+    """At the switch, an entry sent moves by SGD's own momentum update, bit for bit to float
+    tolerance: no momentum lost. Entries not sent stay where they were."""
+    lossy = Compression.topk(0.1, start_step=3)
+    before = _run(lossy, steps=3, momentum=0.9)
+    after = _run(lossy, steps=4, momentum=0.9)
+    plain = _run(Compression.none, steps=4, momentum=0.9)
+    weight = 0  # the first Linear's weight, compressed (the biases are not)
+    moved = after[weight] != before[weight]
+    assert 0 < int(moved.sum()) < moved.numel()
+    torch.testing.assert_close(after[weight][moved], plain[weight][moved])
+    torch.testing.assert_close(before[weight], _run(Compression.none, steps=3, momentum=0.9)[0])
 
 
 def test_momentum_is_applied_once() -> None:
