@@ -2,7 +2,15 @@
 its length, the time the training thread waited on the engine and the collectives' bytes; then
 each collective's median duration by message size, over the iterations after `--skip`.
 
+With `--cycle TENSOR`, instead, one row per iteration after `--skip`, from one gradient of
+TENSOR to the next: the link's busy and idle time (no collective in flight), and the three
+stretches of the cycle through TENSOR under a cross-iteration plan: from its gradient to the
+end of the training thread's longest wait (its collectives and what shares the link with
+them), the updates applied right after that wait, and from there to its next gradient (the
+forward and backward passes in between).
+
     python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 > summary.md
+    python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 --cycle classifier.0.weight
 """
 
 from __future__ import annotations
@@ -49,12 +57,54 @@ def summary_lines(events: list[dict[str, Any]], skip: int) -> list[str]:
     return lines
 
 
+def _busy_ms(spans: list[dict[str, Any]], start: float, end: float) -> float:
+    """How long at least one collective was in flight between `start` and `end` (µs in)."""
+    inside = [x for x in spans
+              if x["name"] in COLLECTIVES and x["ts"] < end and x["ts"] + x["dur"] > start]
+    busy, reach = 0.0, start
+    for s, e in sorted((max(x["ts"], start), min(x["ts"] + x["dur"], end)) for x in inside):
+        if e > reach:
+            busy += e - max(s, reach)
+            reach = e
+    return busy / 1e3
+
+
+def cycle_lines(events: list[dict[str, Any]], skip: int, tensor: str) -> list[str]:
+    """The table of `--cycle`: one row per gradient-to-gradient cycle of `tensor`."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    readies = sorted(e["ts"] for e in events if e.get("name") == f"ready:{tensor}")[skip:]
+    lines = ["| cycle | ms | link busy ms | link idle ms | gradient to end of longest wait ms "
+             "| updates after it ms | to the next gradient ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for index, (start, end) in enumerate(zip(readies, readies[1:], strict=False), start=1):
+        waits = [e for e in spans if e["name"] == "wait" and start <= e["ts"] < end]
+        if not waits:
+            continue
+        longest = max(waits, key=lambda e: e["dur"])
+        wait_end = longest["ts"] + longest["dur"]
+        updates = [e for e in spans if e["name"] == "update" and e["ts"] >= wait_end
+                   and e["ts"] < end and e.get("tid") == longest.get("tid")]
+        after = min(updates, key=lambda e: e["ts"]) if updates else None
+        update_ms = after["dur"] / 1e3 if after else 0.0
+        resumed = after["ts"] + after["dur"] if after else wait_end
+        busy = _busy_ms(spans, start, end)
+        lines.append(f"| {index} | {(end - start) / 1e3:.0f} | {busy:.0f} | "
+                     f"{(end - start) / 1e3 - busy:.0f} | {(wait_end - start) / 1e3:.0f} | "
+                     f"{update_ms:.0f} | {(end - resumed) / 1e3:.0f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("timeline")
     parser.add_argument("--skip", type=int, default=8, help="iterations left out of the sizes")
+    parser.add_argument("--cycle", metavar="TENSOR",
+                        help="one row per cycle from one gradient of TENSOR to the next")
     args = parser.parse_args()
-    print("\n".join(summary_lines(_events(args.timeline), args.skip)))
+    events = _events(args.timeline)
+    lines = cycle_lines(events, args.skip, args.cycle) if args.cycle \
+        else summary_lines(events, args.skip)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -220,6 +220,11 @@ class DeferredUpdates:
         """The user's (wrapped) optimizer."""
         return self._user_ref()
 
+    @property
+    def base_cls(self) -> type[torch.optim.Optimizer]:
+        """The user's optimizer class, whose step the sub-optimizers run."""
+        return self._base_cls
+
     def invalidate(self) -> None:
         """Drops every cached sub-optimizer: after the user's optimizer loaded a state_dict (its
         state and param-group dicts are new objects, which the subsets must share), or when too
@@ -249,6 +254,12 @@ class DeferredUpdates:
         """A new sub-optimizer of `params`, not cached here: for a caller that steps the same
         subset every iteration and keeps it, with `generation` to tell when it went stale."""
         return block_optimizer(self._base_cls, self.user, list(params), self._snapshots)
+
+    def slices(self, members: list[list[torch.Tensor]],
+               state: collections.defaultdict[torch.Tensor, Any]) -> torch.optim.Optimizer:
+        """A sub-optimizer of flat slices of the user's parameters, `members[i]` in param group
+        i, keeping their state in `state` (runtime/piecewise.py)."""
+        return grouped_optimizer(self._base_cls, self.user, members, self._snapshots, state)
 
     def apply(self, params: list[torch.Tensor], grads: list[torch.Tensor] | None = None,
               optimizer: torch.optim.Optimizer | None = None) -> None:

@@ -35,8 +35,9 @@ from ..torch_compat import eager_hook
 from ..world import registry
 from .clock import UpdateTimer
 from .deferred import DeferredUpdates
-from .overlap_layout import GroupWork, PlanLayout, first_users, plan_layout
+from .overlap_layout import GroupWork, PlanLayout, first_users, leftovers, plan_layout
 from .overlap_support import ModuleProfile, apply_before_state_dict
+from .piecewise import PiecewiseUpdate
 
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
@@ -79,6 +80,7 @@ class OverlapRunner:
         # The plan's update groups, slots and all-gathers, worked out by activate() (empty
         # until then).
         self._layout = PlanLayout()
+        self._piecewise: dict[int, PiecewiseUpdate] = {}  # group index -> its pieces, if any
         self._bytes_of: dict[tuple[int, ...], int] = {}
         self.gathers_parameters = False  # shard_optimizer: a group's update is a copy
         self._slot_of: dict[int, int] = {}  # tensor id -> slot, for the sharded step
@@ -154,6 +156,8 @@ class OverlapRunner:
         layout = self._layout = plan_layout(plan, self._params, self.modules.order, self._owned,
                                             set(self._named), self._root_name, compressed)
         self._bytes_of.clear()  # keyed by slots, which the new plan numbers afresh
+        self._piecewise = {i: PiecewiseUpdate(self._deferred, w.pieces, layout.taken_params)
+                           for i, w in enumerate(layout.work) if w.pieces}
         self._slot_of = {self._tid[id(p)]: s for s, p in enumerate(layout.taken_params)}
         self._group_done = [self._stamp] * len(layout.groups)  # nothing pending until step()
         self._slot_done = [self._stamp] * len(layout.taken_ids)
@@ -232,24 +236,11 @@ class OverlapRunner:
         if self._released < len(gathers):
             self._release_through(len(gathers))
         self._engine.wait()
-        left = self._leftovers()
+        left = leftovers(self._layout, self._slot_done, self._group_done, self._stamp)
         if left:
             self._apply(left)
         self._grads = []
         self.open = False
-
-    def _leftovers(self) -> list[int]:
-        """The slots not applied in the open iteration, in order."""
-        stamp, layout = self._stamp, self._layout
-        if not layout.disjoint:
-            done = self._slot_done
-            return [s for s in range(len(done)) if done[s] != stamp]
-        done = self._group_done
-        left = [s for index, work in enumerate(layout.work) if done[index] != stamp
-                for s in work.slots]
-        if not left:
-            return layout.ungrouped
-        return sorted(left + layout.ungrouped)
 
     def _apply(self, slots: list[int], work: GroupWork | None = None) -> None:
         """Applies the update of `slots` (`work`'s whole group when given) with one call of the
@@ -269,27 +260,30 @@ class OverlapRunner:
             if known is None:  # the same leftovers come back every iteration
                 known = self._bytes_of[key] = sum(p.numel() * p.element_size() for p in params)
             nbytes = known
-        started = _C.now_us()
         if layout.decompressed:  # its time is the compressor's (compute.compression_s)
             self._decompress(slots)
-        engine = self._engine
-        # Timed only when the profiler keeps this iteration; device events on CUDA (Note
-        # [Which clock]). A sharded group's copy is no optimizer call: its time is the forward's.
-        timer = UpdateTimer(params) if engine.sampling and not self.gathers_parameters else None
-        grads = self._grads
+        grads = [self._grads[s] for s in slots]
         if self.gathers_parameters:
-            _copy_gathered(params, [grads[s] for s in slots])
+            self._timed(params, nbytes, lambda: _copy_gathered(params, grads))
         else:
-            self._deferred.apply(params, [grads[s] for s in slots], optimizer)
-        if timer is not None:
-            engine.profiler.note_update(nbytes, timer.stop())
-        self._update_us += 0 if self.gathers_parameters else _C.now_us() - started
-        if engine.timeline:
-            engine.span("update", started, tensors=len(slots))
+            self._timed(params, nbytes, lambda: self._deferred.apply(params, grads, optimizer))
         if not layout.disjoint:
             done, stamp = self._slot_done, self._stamp
             for s in slots:
                 done[s] = stamp
+
+    def _timed(self, params: list[torch.Tensor], nbytes: int, update: Callable[[], Any]) -> None:
+        """Runs one update call of `params`, timed for the profiler and the timeline. Device
+        events on CUDA (Note [Which clock]), only when the profiler keeps this iteration. A
+        sharded group's copy is no optimizer call: its time is the forward's."""
+        started, engine = _C.now_us(), self._engine
+        timer = UpdateTimer(params) if engine.sampling and not self.gathers_parameters else None
+        update()
+        if timer is not None:
+            engine.profiler.note_update(nbytes, timer.stop())
+        self._update_us += 0 if self.gathers_parameters else _C.now_us() - started
+        if engine.timeline:
+            engine.span("update", started, tensors=len(params))
 
     def _decompress(self, slots: list[int]) -> None:
         assert self.compressed is not None
@@ -338,6 +332,10 @@ class OverlapRunner:
             return
         if self._released <= work.gathers_through and layout.gathers:
             self._release_through(work.gathers_through)
+        piecewise = self._piecewise.get(index)  # Note [A large group is updated piece by piece]
+        if piecewise is not None and layout.disjoint \
+                and piecewise.apply(self._grads, self._engine.wait_block, self._timed):
+            return
         self._engine.wait_block(work.wait_for)
         self._apply(slots, work if layout.disjoint else None)
 

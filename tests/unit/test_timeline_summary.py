@@ -1,0 +1,38 @@
+"""scripts/timeline_summary.py's `--cycle` table: the link's idle time and the three stretches
+of one tensor's cycle, on a timeline made up here (times in µs, as the engine writes them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from script_modules import load_script
+
+summary = load_script("timeline_summary")
+
+
+def _span(name: str, ts: float, dur: float, tid: int = 3, **args: Any) -> dict[str, Any]:
+    return {"name": name, "ph": "X", "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def _ready(ts: float) -> dict[str, Any]:
+    return {"name": "ready:fc.weight", "ph": "i", "ts": ts}
+
+
+def test_a_cycle_splits_into_the_link_the_update_and_the_compute() -> None:
+    events = [_ready(0), _ready(1_000_000), _ready(1_900_000),
+              # first cycle: two overlapping collectives, 0-600 ms, one wait until 650 ms
+              _span("allreduce", 0, 400_000, tid=2, bytes=8),
+              _span("allreduce", 300_000, 300_000, tid=2, bytes=8),
+              _span("wait", 100_000, 550_000), _span("wait", 20_000, 10_000),
+              _span("update", 650_000, 100_000), _span("update", 660_000, 5_000, tid=9),
+              # second cycle: the link busy 1000-1500 ms, the wait ends at 1500 ms, no update
+              _span("allreduce", 1_000_000, 500_000, tid=2, bytes=8),
+              _span("wait", 1_200_000, 300_000)]
+    lines = summary.cycle_lines(events, skip=0, tensor="fc.weight")
+    assert lines[2:] == ["| 1 | 1000 | 600 | 400 | 650 | 100 | 250 |",
+                         "| 2 | 900 | 500 | 400 | 500 | 0 | 400 |"]
+
+
+def test_cycles_before_skip_are_left_out() -> None:
+    events = [_ready(0), _ready(1_000), _ready(2_000), _span("wait", 1_100, 500)]
+    assert len(summary.cycle_lines(events, skip=1, tensor="fc.weight")) == 3
