@@ -2,12 +2,9 @@
 its length, the time the training thread waited on the engine and the collectives' bytes; then
 each collective's median duration by message size, over the iterations after `--skip`.
 
-With `--cycle TENSOR`, instead, one row per iteration after `--skip`, from one gradient of
-TENSOR to the next: the link's busy and idle time (no collective in flight), and the three
-stretches of the cycle through TENSOR under a cross-iteration plan: from its gradient to the
-end of the training thread's longest wait (its collectives and what shares the link with
-them), the updates applied right after that wait, and from there to its next gradient (the
-forward and backward passes in between).
+With `--cycle TENSOR`, instead, one row per cycle after `--skip`, from one gradient of TENSOR
+to the next: the link's busy and idle time (no collective in flight), how long the training
+thread waited on the engine, and its update calls (in all, and the longest one).
 
     python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 > summary.md
     python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 --cycle classifier.0.weight
@@ -73,24 +70,16 @@ def cycle_lines(events: list[dict[str, Any]], skip: int, tensor: str) -> list[st
     """The table of `--cycle`: one row per gradient-to-gradient cycle of `tensor`."""
     spans = [e for e in events if e.get("ph") == "X"]
     readies = sorted(e["ts"] for e in events if e.get("name") == f"ready:{tensor}")[skip:]
-    lines = ["| cycle | ms | link busy ms | link idle ms | gradient to end of longest wait ms "
-             "| updates after it ms | to the next gradient ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| cycle | ms | link busy ms | link idle ms | training thread waited ms "
+             "| updates ms | longest update ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for index, (start, end) in enumerate(zip(readies, readies[1:], strict=False), start=1):
-        waits = [e for e in spans if e["name"] == "wait" and start <= e["ts"] < end]
-        if not waits:
-            continue
-        longest = max(waits, key=lambda e: e["dur"])
-        wait_end = longest["ts"] + longest["dur"]
-        updates = [e for e in spans if e["name"] == "update" and e["ts"] >= wait_end
-                   and e["ts"] < end and e.get("tid") == longest.get("tid")]
-        after = min(updates, key=lambda e: e["ts"]) if updates else None
-        update_ms = after["dur"] / 1e3 if after else 0.0
-        resumed = after["ts"] + after["dur"] if after else wait_end
+        inside = [e for e in spans if start <= e["ts"] < end]
+        waited = sum(e["dur"] for e in inside if e["name"] == "wait") / 1e3
+        updates = [e["dur"] / 1e3 for e in inside if e["name"] == "update"]
         busy = _busy_ms(spans, start, end)
         lines.append(f"| {index} | {(end - start) / 1e3:.0f} | {busy:.0f} | "
-                     f"{(end - start) / 1e3 - busy:.0f} | {(wait_end - start) / 1e3:.0f} | "
-                     f"{update_ms:.0f} | {(end - resumed) / 1e3:.0f} |")
+                     f"{(end - start) / 1e3 - busy:.0f} | {waited:.0f} | {sum(updates):.0f} | "
+                     f"{max(updates, default=0.0):.0f} |")
     return lines
 
 

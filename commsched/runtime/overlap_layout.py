@@ -6,30 +6,20 @@ which modules' pre-hooks apply which groups, and the tensors in no group."""
 from __future__ import annotations
 
 import bisect
-import collections
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..plan import Collective, Plan, Stage, UpdateGroup
+from ..plan import Plan, Stage, UpdateGroup
+from ..plan.pieces import UpdatePiece, group_pieces
 from ..plan.update_groups import per_module_groups
 from ..sim.overlap import completing_blocks
 from .overlap_support import hook_places
 
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
-
-
-@dataclass(frozen=True)
-class UpdatePiece:
-    """Part of a group's update (Note [A large group is updated piece by piece] in
-    runtime/piecewise.py): the plan positions of the blocks that complete it, in order, and
-    its flat element ranges as (slot, start, stop)."""
-
-    waits: tuple[int, ...]
-    ranges: tuple[tuple[int, int, int], ...]
 
 
 @dataclass
@@ -119,8 +109,10 @@ def plan_layout(plan: Plan, params: list[torch.Tensor], order: list[str],
     gathers = [i for i, b in enumerate(plan.blocks) if b.stage is Stage.FORWARD]
     work = [_group_work(group, slot_of, taken_params, gathers) for group in groups]
     if not gathers and compressed is None:
+        sizes = [(p.numel(), p.element_size()) for p in params]
         for group, group_work in zip(groups, work, strict=True):
-            group_work.pieces = group_pieces(plan, group.tensor_ids, slot_of, params)
+            if all(params[t].is_contiguous() for t in group.tensor_ids):
+                group_work.pieces = group_pieces(plan, group.tensor_ids, slot_of, sizes)
     members = [s for w in work for s in w.slots]
     return PlanLayout(needs, taken_ids, taken_params, decompressed, groups, groups_at, gathers,
                       work, disjoint=len(members) == len(set(members)),
@@ -148,62 +140,3 @@ def _group_work(group: UpdateGroup, slot_of: dict[int, int], taken_params: list[
     gathers_through = bisect.bisect_right(gathers, group.wait_for)
     return GroupWork(slots, params, sum(p.numel() * p.element_size() for p in params),
                      group.wait_for, gathers_through)
-
-
-# The smallest piece, and so how many calls a group makes: a call costs tens of microseconds
-# of Python, a piece of 16 MiB some milliseconds of memory traffic.
-PIECE_BYTES = 16 << 20
-
-
-def group_pieces(plan: Plan, tensor_ids: Sequence[int], slot_of: dict[int, int],
-                 params: Sequence[torch.Tensor]) -> tuple[UpdatePiece, ...]:
-    """The pieces of one group's update, in plan order, or () when it is stepped whole.
-
-    Args:
-        plan: the plan the runner activates.
-        tensor_ids: the group's tensors.
-        slot_of: tensor id -> slot, for the tensors some block completes.
-        params: every parameter, by tensor id.
-
-    Returns:
-        Pieces of at least PIECE_BYTES (the last may be smaller), two or more; () where a
-        tensor of the group travels otherwise than by all-reduce, or the group is too small.
-    """
-    wanted = {t for t in tensor_ids if t in slot_of}
-    found: list[tuple[int, int, int, int]] = []  # (position, tensor id, offset, numel)
-    for position, block in enumerate(plan.blocks):
-        mine = [p for p in block.pieces if p.tensor_id in wanted]
-        if mine and block.op is not Collective.ALLREDUCE:
-            return ()
-        found += [(position, p.tensor_id, p.offset, p.numel) for p in mine]
-    covered = collections.Counter[int]()
-    for _, tid, _, numel in found:
-        covered[tid] += numel
-    if any(covered[t] != params[t].numel() or not params[t].is_contiguous() for t in wanted):
-        return ()
-    pieces: list[UpdatePiece] = []
-    waits: list[int] = []
-    ranges: list[tuple[int, int, int]] = []
-    nbytes = 0
-    for position, tid, offset, numel in found:
-        if not waits or waits[-1] != position:
-            waits.append(position)
-        ranges.append((slot_of[tid], offset, offset + numel))
-        nbytes += numel * params[tid].element_size()
-        if nbytes >= PIECE_BYTES:
-            pieces.append(UpdatePiece(tuple(waits), _merged(ranges)))
-            waits, ranges, nbytes = [], [], 0
-    if ranges:
-        pieces.append(UpdatePiece(tuple(waits), _merged(ranges)))
-    return tuple(pieces) if len(pieces) >= 2 else ()
-
-
-def _merged(ranges: list[tuple[int, int, int]]) -> tuple[tuple[int, int, int], ...]:
-    """Adjacent ranges of one slot as one (a tensor's consecutive partitions)."""
-    out: list[tuple[int, int, int]] = []
-    for slot, start, stop in sorted(ranges):
-        if out and out[-1][0] == slot and out[-1][2] == start:
-            out[-1] = (slot, out[-1][1], stop)
-        else:
-            out.append((slot, start, stop))
-    return tuple(out)

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from ..plan.pieces import UpdatePiece
 from .deferred import DeferredUpdates
-from .overlap_layout import UpdatePiece
 from .sharded import ELEMENTWISE
 
 

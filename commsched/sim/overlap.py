@@ -8,7 +8,9 @@ parameter):
   1. for DeAR plans releases the all-gathers up to one past the one the group needs (step()
      released the first), one block of look-ahead;
   2. waits until the group's last block (`wait_for`) is done;
-  3. applies the group's update: one optimizer call, fixed + per-byte cost (ComputeTimes.update).
+  3. applies the group's update: one optimizer call, fixed + per-byte cost (ComputeTimes.update);
+     a large group of all-reduced partitions in pieces instead, each after its own blocks
+     (plan/pieces.py; Note [A large group is updated piece by piece] in runtime/piecewise.py).
 At the end of the forward (the root module's hook) every block is waited for and the updates of
 tensors no module claimed are applied. Then loss and the start of backward take what is left of
 before_first_ready_s after the forward, and the gradients follow at their ready times; the
@@ -28,6 +30,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from ..plan import Plan, UpdateGroup
+from ..plan.pieces import UpdatePiece, group_pieces
 from ..plan.update_groups import per_module_groups, plan_update_groups
 from .channel import BlockTimes, Channel, SimEvent, block_positions, block_times
 from .network import Network
@@ -120,6 +123,9 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
     def update(nbytes: int) -> float:  # a sharded group's update is a copy
         return 0.0 if shard_steps else compute.update.time(nbytes)
 
+    cut = _pieces(run, plan, needs, starting) if not (gathers or compressor or shard_steps) \
+        else {}
+
     starts = [0.0]
     events: list[SimEvent] = []
     for k in range(iterations):
@@ -132,8 +138,10 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
             for group in starting.get(name, ()) if overlapped else ():
                 if group.wait_for in gather_index:
                     fwd.release_through(gather_index[group.wait_for] + 1)
-                fwd.wait_until(channel.done_at(group.wait_for), name or "(root)")
-                fwd.busy(update(sum(nbytes[t] for t in group.tensor_ids)), "update")
+                for waits, piece_bytes in cut.get(group.tensor_ids) or \
+                        [((group.wait_for,), sum(nbytes[t] for t in group.tensor_ids))]:
+                    fwd.wait_until(max(map(channel.done_at, waits)), name or "(root)")
+                    fwd.busy(update(piece_bytes), "update")
             fwd.busy(own, name or "(root)")
         if overlapped:
             fwd.release_through(len(gathers))
@@ -172,6 +180,26 @@ def _second_round(fwd: _Forward, seconds: float, released: list[int], waited: se
     fwd.busy(seconds, "compress")
     for pos in sorted(after):
         fwd.channel.offer(pos, fwd.t)
+
+
+def _pieces(run: RunProfile, plan: Plan, needs: Mapping[int, int],
+            starting: Mapping[str, list[UpdateGroup]]
+            ) -> dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]]:
+    """Per group cut in pieces (by its tensor ids): each piece's blocks and bytes."""
+    sizes = {t.tensor_id: (t.numel, t.element_size) for t in run.tensors}
+    by_id = [sizes.get(t, (0, 0)) for t in range(max(sizes, default=-1) + 1)]
+    identity = {t: t for t in needs}
+    cut = {}
+    for groups in starting.values():
+        for group in groups:
+            pieces = group_pieces(plan, group.tensor_ids, identity, by_id)
+            if pieces:
+                cut[group.tensor_ids] = [(p.waits, _bytes(p, by_id)) for p in pieces]
+    return cut
+
+
+def _bytes(piece: UpdatePiece, sizes: Sequence[tuple[int, int]]) -> int:
+    return sum((stop - start) * sizes[t][1] for t, start, stop in piece.ranges)
 
 
 def with_update_groups(run: RunProfile, plan: Plan, net: Network,

@@ -14,14 +14,15 @@ from torch import nn
 
 import commsched
 from commsched.plan import Block, Collective, Piece, Plan, Stage
-from commsched.runtime import overlap_layout, piecewise
-from commsched.runtime.overlap_layout import UpdatePiece, group_pieces
+from commsched.plan import pieces as plan_pieces
+from commsched.plan.pieces import UpdatePiece, group_pieces
+from commsched.runtime import piecewise
 
 FLOAT = 4
 
 
-def _params(*numels: int) -> list[torch.Tensor]:
-    return [torch.zeros(n) for n in numels]
+def _params(*numels: int) -> list[tuple[int, int]]:
+    return [(n, FLOAT) for n in numels]
 
 
 def _block(block_id: int, *pieces: tuple[int, int, int],
@@ -33,7 +34,7 @@ def _block(block_id: int, *pieces: tuple[int, int, int],
 def test_a_partitioned_group_is_cut_in_plan_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pieces close once they hold PIECE_BYTES; a tensor's adjacent partitions merge; another
     group's tensor in a shared block is no part of it."""
-    monkeypatch.setattr(overlap_layout, "PIECE_BYTES", 8 * FLOAT)
+    monkeypatch.setattr(plan_pieces, "PIECE_BYTES", 8 * FLOAT)
     params = _params(12, 4, 100)
     plan = Plan("bytescheduler", (_block(0, (1, 0, 4), (2, 0, 50)),  # tensor 2: another group
                                   _block(1, (0, 0, 4)), _block(2, (0, 4, 4)),
@@ -49,7 +50,7 @@ def test_small_groups_and_reduce_scatters_are_stepped_whole(
     params = _params(12)
     split = (_block(0, (0, 0, 6)), _block(1, (0, 6, 6)))
     assert group_pieces(Plan("bytescheduler", split), (0,), {0: 0}, params) == ()  # too small
-    monkeypatch.setattr(overlap_layout, "PIECE_BYTES", 6 * FLOAT)
+    monkeypatch.setattr(plan_pieces, "PIECE_BYTES", 6 * FLOAT)
     assert len(group_pieces(Plan("bytescheduler", split), (0,), {0: 0}, params)) == 2
     scattered = (split[0], _block(1, (0, 6, 6), op=Collective.REDUCE_SCATTER))
     assert group_pieces(Plan("dear", scattered), (0,), {0: 0}, params) == ()
@@ -91,7 +92,7 @@ def _train(policy: str, opt_cls: type, steps: int = 8, reload_at: int | None = N
 @pytest.fixture
 def applied(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Small pieces, and what each piecewise application returned."""
-    monkeypatch.setattr(overlap_layout, "PIECE_BYTES", 8 << 10)
+    monkeypatch.setattr(plan_pieces, "PIECE_BYTES", 8 << 10)
     calls: list[bool] = []
     original = piecewise.PiecewiseUpdate.apply
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from commsched.plan import Block, Collective, Piece, Plan, Stage
+from commsched.plan import Block, Collective, Piece, Plan, Stage, pieces
 from commsched.sim import LinkNetwork, Mode, RunProfile, profile_from_document, simulate
 from commsched.sim.simulator import SimResult
 
@@ -172,3 +172,20 @@ def test_one_worker_is_compute_only() -> None:
     result = simulate(two_tensors(), allreduce_plan([1], [0], sizes=SIZES), alone, Mode.SYNC)
     assert result.iteration_s == pytest.approx(0.07 + 0.01 + 0.004)
     assert result.comm_busy_s == 0.0 and result.wire_bytes == 0.0
+
+
+def test_overlap_steps_a_large_group_piece_by_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    # t1 in three partitions of 1000 B after t0's block: blocks done at S+12, 24, 36, 48 ms.
+    # Stepped whole, module b waits for S+48, updates 3 ms, runs 50 ms: loss and backward start
+    # (10 ms) and backward (10 ms) end at S+121. In pieces of 1000 B, each piece's 1 ms update
+    # follows its block, the last at S+48..49, so everything after moves 2 ms earlier.
+    plan = Plan("test", (Block(0, (Piece(0, 0, 250),), "float32"),
+                         *(Block(i, (Piece(1, 250 * (i - 1), 250),), "float32")
+                           for i in (1, 2, 3))))
+    assert simulate(two_tensors(), plan, NET, Mode.OVERLAP).iteration_s == pytest.approx(0.121)
+    monkeypatch.setattr(pieces, "PIECE_BYTES", 1000)
+    result = simulate(two_tensors(), plan, NET, Mode.OVERLAP)
+    assert result.iteration_s == pytest.approx(0.119)
+    assert [e for e in spans(result, "compute") if e[0] == "update"] == \
+        [("update", 0.012, 0.013), ("update", 0.024, 0.025), ("update", 0.036, 0.037),
+         ("update", 0.048, 0.049)]
