@@ -130,7 +130,8 @@ def render_real(root: pathlib.Path = ROOT) -> list[str]:
         fastest = min(rows[2:], key=lambda item: item[1]["vs_hvd"])
         best.append(f"{fastest[1]['vs_hvd']:.3f}x on {label} ({fastest[0].split(' ')[1]})")
         autos.append(f"{rows[4][1]['vs_hvd']:.3f}x on {label}")
-    commands = "; then ".join(f"`{command}`" for command in real_commands(root))
+    # One list item per command: a paragraph of them all outgrows the README's style rules.
+    commands = [f"{i}. `{command}`" for i, command in enumerate(real_commands(root), start=1)]
     return [f"On the real models, the fastest commsched policy took {', '.join(best)} of "
             f"`hvd`'s time; `auto` took {', '.join(autos)}.", ""] + lines + [
         "",
@@ -139,7 +140,7 @@ def render_real(root: pathlib.Path = ROOT) -> list[str]:
         "100 M parameters ran in three jobs (memory); each ratio is against the `hvd` of its own "
         "job, whose report (the last column) gives its exact command and commit. Rendered from "
         "`benchmarks/real/` (its README has every candidate).", "",
-        f"Commands, one after another: {commands}.", ""]
+        "Commands, one after another:", "", *commands, ""]
 
 
 def render(root: pathlib.Path = ROOT) -> str:
