@@ -24,6 +24,7 @@ update creates it whole; SGD without momentum keeps none, and its update is chea
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,7 +48,7 @@ class PiecewiseUpdate:
         self._usable = deferred.base_cls in ELEMENTWISE and deferred.splittable
         self._slots = sorted({slot for piece in pieces for slot, _, _ in piece.ranges})
         # What the slices were cut from, for the identity check at each application.
-        self._cut_from: list[tuple[int, dict[str, Any]]] = []
+        self._cut_from: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._generation = -1
         self._views: list[list[tuple[int, int, int, torch.Tensor]]] = []  # per piece
         self._subs: list[torch.optim.Optimizer] = []
@@ -78,7 +79,7 @@ class PiecewiseUpdate:
             for slot, start, stop, view in views:
                 view.grad = grads[slot].view(-1)[start:stop]
             timed(slices, sum(v.numel() * v.element_size() for v in slices),
-                  lambda sub=sub: step(sub))
+                  functools.partial(step, sub))
             for view in slices:
                 view.grad = None
         self._write_back_scalars()

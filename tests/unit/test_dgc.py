@@ -165,9 +165,7 @@ def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov:
         model(_batch(step).double()).square().mean().backward()
         if step < lossy.start_step:
             warm_up.step()
-            compressed_now: list[torch.Tensor] = []
-        else:
-            compressed_now = compressed
+        compressed_now = compressed if step >= lossy.start_step else []
         buffers = {id(p): warm_up.state[p].get("momentum_buffer") for p in compressed}
         with torch.no_grad():
             for p in compressed_now:
@@ -209,7 +207,8 @@ def test_a_warm_up_hands_sgds_momentum_to_dgc(nesterov: bool, policy: str) -> No
     velocities start from SGD's buffers (Note [DGC under the user's momentum]). Under an
     overlap plan the buffers are read after the updates deferred into the forward pass."""
     lossy = TopK(0.1, start_step=3)
-    sgd = {"momentum": 0.9, "nesterov": nesterov, "weight_decay": 0.0 if nesterov else WD}
+    sgd: dict[str, Any] = {"momentum": 0.9, "nesterov": nesterov,
+                           "weight_decay": 0.0 if nesterov else WD}
     _close(_run(lossy, steps=6, policy=policy, **sgd), _reference_run(lossy, steps=6, **sgd))
 
 
