@@ -55,7 +55,7 @@ class PiecewiseUpdate:
         self._state: collections.defaultdict[torch.Tensor, dict[str, Any]] = \
             collections.defaultdict(dict)
 
-    def apply(self, grads: Sequence[torch.Tensor], wait_block: Callable[[int], None],
+    def apply(self, grads: Sequence[torch.Tensor | None], wait_block: Callable[[int], None],
               timed: Callable[[list[torch.Tensor], int, Callable[[], Any]], None]) -> bool:
         """Waits for each piece's blocks and steps it; False (nothing done) where the group
         must be stepped whole.
@@ -68,8 +68,9 @@ class PiecewiseUpdate:
         Returns:
             Whether the group was updated here.
         """
-        if not self._usable or not self._current():
-            return False
+        if not self._usable or any(grads[slot] is None for slot in self._slots) \
+                or not self._current():
+            return False  # a parameter without a gradient is left to the optimizer's own rule
         self._refresh_scalars()
         step = self._deferred.base_step
         for piece, views, sub in zip(self._pieces, self._views, self._subs, strict=True):
@@ -77,7 +78,9 @@ class PiecewiseUpdate:
                 wait_block(position)
             slices = [view for _, _, _, view in views]
             for slot, start, stop, view in views:
-                view.grad = grads[slot].view(-1)[start:stop]
+                grad = grads[slot]
+                assert grad is not None  # checked above
+                view.grad = grad.view(-1)[start:stop]
             timed(slices, sum(v.numel() * v.element_size() for v in slices),
                   functools.partial(step, sub))
             for view in slices:
