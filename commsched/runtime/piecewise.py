@@ -127,34 +127,33 @@ class PiecewiseUpdate:
     def _refresh_scalars(self) -> None:
         for piece_views in self._views:
             for slot, _, _, view in piece_views:
-                whole = self._deferred.user.state[self._params[slot]]
-                mine = self._state[view]
-                for key, value in whole.items():
-                    if not _sliced(value):
-                        mine[key] = value.clone() if isinstance(value, torch.Tensor) else value
+                _copy_scalars(self._deferred.user.state[self._params[slot]], self._state[view])
 
     def _write_back_scalars(self) -> None:
-        done: set[int] = set()
-        for piece_views in reversed(self._views):
-            for slot, _, _, view in piece_views:
-                if slot in done:
-                    continue
-                done.add(slot)
-                whole = self._deferred.user.state[self._params[slot]]
-                for key, value in self._state[view].items():
-                    if not _sliced(value):
-                        whole[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        """Each parameter's scalars from its slice stepped last (every slice counts the same)."""
+        last = {slot: view for piece_views in self._views for slot, _, _, view in piece_views}
+        for slot, view in last.items():
+            _copy_scalars(self._state[view], self._deferred.user.state[self._params[slot]])
 
 
 def _sliced(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0
 
 
+def _copied(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _copy_scalars(source: dict[str, Any], target: dict[str, Any]) -> None:
+    """The values of `source` that are not element-wise tensors, copied into `target`."""
+    for key, value in source.items():
+        if not _sliced(value):
+            target[key] = _copied(value)
+
+
 def _slice(value: Any, start: int, stop: int) -> Any:
     """A state value as a slice's: an element-wise tensor as a view, the rest copied."""
-    if _sliced(value):
-        return value.view(-1)[start:stop]
-    return value.clone() if isinstance(value, torch.Tensor) else value
+    return value.view(-1)[start:stop] if _sliced(value) else _copied(value)
 
 
 def _element_wise(entry: dict[str, Any], param: torch.Tensor) -> bool:
