@@ -137,6 +137,12 @@ class PowerSGD:
         return self.rank_for(shape) * (n + m) * self.min_ratio <= n * m
 
 
+# Deep Gradient Compression's warm-up: the first stage sends a quarter of each tensor's entries,
+# each later stage a quarter of the one before (TopK.stages).
+WARMUP_FIRST_SHARE = 0.25
+WARMUP_SHARE_DIVISOR = 4.0
+
+
 @dataclass(frozen=True)
 class TopK:
     """Top-k's settings, as ``Compression.topk()`` makes them.
@@ -150,19 +156,57 @@ class TopK:
     Attributes:
         ratio: the share of each compressed tensor's entries sent, in (0, 1].
         start_step: iterations exchanged uncompressed first.
+        warmup_steps: iterations after `start_step` over which the share sent falls from
+            25% to `ratio` (Deep Gradient Compression's exponential warm-up): `stages()`.
     """
 
     ratio: float = 0.01
     start_step: int = 0
+    warmup_steps: int = 0
 
     @property
     def label(self) -> str:
         """The compressor's name in plan policies and reports, e.g. ``topk(ratio=0.01)``."""
+        if self.warmup_steps and len(self.stages()) > 1:
+            return f"topk(ratio={self.ratio:g},warmup_steps={self.warmup_steps})"
         return f"topk(ratio={self.ratio:g})"
 
-    def k(self, numel: int) -> int:
-        """Entries sent of a tensor of `numel` entries: ceil(ratio x numel), at least 1."""
-        return max(1, math.ceil(self.ratio * numel))
+    def k(self, numel: int, density: float | None = None) -> int:
+        """Entries sent of a tensor of `numel` entries: ceil(density x numel), at least 1.
+
+        Args:
+            numel: the tensor's entries.
+            density: the share sent; `ratio` when None (a warm-up stage passes its own).
+
+        Returns:
+            k, between 1 and `numel`.
+        """
+        share = self.ratio if density is None else density
+        return min(numel, max(1, math.ceil(share * numel)))
+
+    def stages(self) -> tuple[tuple[int, float], ...]:
+        """The warm-up's stages: (first iteration, share sent), the last one `ratio` for good.
+
+        Deep Gradient Compression (Lin et al., ICLR 2018) warms up by raising the sparsity
+        exponentially over its first epochs. Here the share sent starts at 25% and is
+        divided by 4 per stage while it stays above `ratio`; those stages share the
+        `warmup_steps` iterations after `start_step` evenly, and `ratio` follows (a stage left
+        with no iteration is dropped). Without a warm-up: one stage, `ratio` from
+        `start_step` on.
+
+        Returns:
+            The stages in order, their first iterations strictly increasing.
+        """
+        ramp: list[float] = []
+        share = WARMUP_FIRST_SHARE
+        while self.warmup_steps > 0 and share > self.ratio:
+            ramp.append(share)
+            share /= WARMUP_SHARE_DIVISOR
+        firsts = [self.start_step + i * self.warmup_steps // len(ramp) for i in range(len(ramp))]
+        stages = list(zip(firsts, ramp, strict=True))
+        stages.append((self.start_step + (self.warmup_steps if ramp else 0), self.ratio))
+        return tuple(stage for stage, after in zip(stages, stages[1:] + [(1 << 62, 0.0)],
+                                                   strict=True) if after[0] > stage[0])
 
     def compresses(self, shape: Sequence[int]) -> bool:
         """Whether a tensor of `shape` is sent as its top k.
@@ -222,7 +266,7 @@ class Compression:
                         _checked("powersgd_min_ratio", min_ratio, call))
 
     @staticmethod
-    def topk(ratio: float = 0.01, start_step: int = 0) -> TopK:
+    def topk(ratio: float = 0.01, start_step: int = 0, warmup_steps: int = 0) -> TopK:
         """Top-k: each compressed gradient sends its `ratio` share of largest-magnitude entries.
 
         Tensors whose k values and k indices would not halve their bytes (biases, small
@@ -230,13 +274,17 @@ class Compression:
         sends from its momentum-corrected velocity (Deep Gradient Compression) and your SGD's
         own momentum is not applied on top; under other optimizers with momentum (Adam), plain
         error feedback, with a warning (docs/compression.md, "Top-k under momentum"). The
-        arguments are checked as COMMSCHED_TOPK_RATIO and COMMSCHED_TOPK_START_STEP are.
+        arguments are checked as COMMSCHED_TOPK_RATIO, COMMSCHED_TOPK_START_STEP and
+        COMMSCHED_TOPK_WARMUP_STEPS are.
 
         Args:
             ratio: the share of entries sent, in (0, 1].
             start_step: iterations exchanged uncompressed before compression starts (a
                 warm-up, as Deep Gradient Compression's), 0 or more. Under SGD with momentum,
                 DGC's velocities then continue from SGD's momentum buffers.
+            warmup_steps: iterations after `start_step` over which the share sent falls from
+                25% to `ratio`, by a factor of 4 per stage (DGC's exponential warm-up;
+                ``TopK.stages()``), 0 or more.
 
         Returns:
             The compressor's settings, for ``compression=``.
@@ -246,7 +294,8 @@ class Compression:
         """
         call = "Compression.topk()"
         return TopK(_checked("topk_ratio", ratio, call),
-                    _checked("topk_start_step", start_step, call))
+                    _checked("topk_start_step", start_step, call),
+                    _checked("topk_warmup_steps", warmup_steps, call))
 
 
 _CASTS: dict[str, type[Compressor]] = {"none": NoneCompressor, "fp16": FP16Compressor,
@@ -258,7 +307,7 @@ def from_config(cfg: Config) -> type[Compressor] | LossyCompression:
     if cfg.compression == "powersgd":
         return PowerSGD(cfg.powersgd_rank, cfg.powersgd_start_step, cfg.powersgd_min_ratio)
     if cfg.compression == "topk":
-        return TopK(cfg.topk_ratio, cfg.topk_start_step)
+        return TopK(cfg.topk_ratio, cfg.topk_start_step, cfg.topk_warmup_steps)
     return _CASTS[cfg.compression]
 
 

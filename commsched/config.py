@@ -185,6 +185,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("topk_start_step", Kind.COUNT, 0, "`topk`: iterations exchanged uncompressed first (a "
          "warm-up; DGC's velocities then continue from SGD's momentum).", minimum=0,
          maximum=1 << 31),
+    Knob("topk_warmup_steps", Kind.COUNT, 0, "`topk`: iterations after the start step over "
+         "which the share sent falls from 25% to the ratio, by 4x per stage (DGC's warm-up).",
+         minimum=0, maximum=1 << 31),
 )
 KNOBS_BY_KEY = {k.key: k for k in KNOBS}
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -217,6 +220,7 @@ class Config:
     powersgd_min_ratio: float = 2.0
     topk_ratio: float = 0.01
     topk_start_step: int = 0
+    topk_warmup_steps: int = 0
     auto_trials: int = 2
     shard_optimizer: bool = False
 

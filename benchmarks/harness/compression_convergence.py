@@ -44,6 +44,9 @@ VARIANTS: dict[str, Any] = {
     # DGC's warm-up, as PowerSGD's start_step: the first steps uncompressed (the length of the
     # ResNet-50 report's lr warm-up), DGC's velocities then continuing from SGD's momentum.
     "topk-1%-warm40": Compression.topk(ratio=0.01, start_step=40),
+    # DGC's sparsity warm-up over its 4 epochs (about 88 steps of batch 64 on these digits):
+    # 25%, 6.25%, 1.5625% sent, then 1% from step 88.
+    "topk-1%-ramp88": Compression.topk(ratio=0.01, warmup_steps=88),
 }
 LR_GRID = [0.02, 0.05, 0.1, 0.2]
 # The real model's task: torchvision's ResNet-50 (layout of commsched.bench.vision, 23.5 M
@@ -233,7 +236,9 @@ Command: `{report['command']}`; wall time {report['wall_seconds']:.0f} s.{_resum
 {tuned}{schedule}. Targets: PowerSGD rank 4
 (issue 15) and top-k 1% and 10% (issue 55, top-k with DGC's momentum correction under the SGD
 momentum) within 1 point of uncompressed test accuracy. A `-warm40` variant runs its first 40
-steps uncompressed (`start_step=40`), then DGC's velocities continue from SGD's momentum.
+steps uncompressed (`start_step=40`), then DGC's velocities continue from SGD's momentum. A
+`-ramp88` variant has DGC's sparsity warm-up (`warmup_steps=88`, about 4 epochs): 25%, 6.25%
+and 1.5625% of each tensor sent for 29-30 steps each, then 1%.
 
 {chr(10).join(rows)}
 """

@@ -41,7 +41,7 @@ from ..world.errors import import_horovod
 HVD_FP16 = "hvd-fp16"
 DDP_POWERSGD = "torch-ddp-powersgd"
 COMPRESSION_KNOBS = ("compression", "powersgd_rank", "powersgd_start_step", "powersgd_min_ratio",
-                     "topk_ratio", "topk_start_step")
+                     "topk_ratio", "topk_start_step", "topk_warmup_steps")
 
 
 # Note [A control candidate]

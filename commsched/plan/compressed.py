@@ -89,9 +89,10 @@ def powersgd_wire(label: str, factored: Sequence[Factored], first_id: int) -> Wi
 
 
 def topk_wire(label: str, picked: Sequence[Sparsified], world: int,
-              first_id: int) -> WireLayout:
+              first_id: int, tag: str = "topk") -> WireLayout:
     """The wire tensors of top-k: per dtype (in order of first appearance), one values and one
-    int32 indices tensor of world x (sum of k) entries; ids from `first_id` on."""
+    int32 indices tensor of world x (sum of k) entries, named `tag`.values.<dtype> and
+    `tag`.indices.<dtype>; ids from `first_id` on."""
     totals: dict[str, tuple[int, int]] = {}  # dtype -> (element size, sum of k)
     for s in picked:
         size, total = totals.get(s.spec.dtype, (s.spec.element_size, 0))
@@ -102,7 +103,7 @@ def topk_wire(label: str, picked: Sequence[Sparsified], world: int,
         for what, wire_dtype, wire_size in (("values", dtype, size),
                                             ("indices", INDEX_DTYPE, INDEX_SIZE)):
             tensor_id = first_id + len(gathered)
-            gathered.append(TensorSpec(tensor_id, f"topk.{what}.{dtype}", world * total,
+            gathered.append(TensorSpec(tensor_id, f"{tag}.{what}.{dtype}", world * total,
                                        wire_dtype, wire_size, forward_index=tensor_id))
             of_dtype[dtype] = of_dtype.get(dtype, ()) + (tensor_id,)
     return WireLayout(label, frozenset(s.spec.tensor_id for s in picked),

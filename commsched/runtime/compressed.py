@@ -42,18 +42,17 @@ from ..compression_math import (
     topk_select,
     warm_start_,
 )
-from ..plan import Plan, TensorSpec, dtype_name
+from ..plan import Plan, TensorSpec
 from ..plan.compressed import (
     Factored,
-    Sparsified,
     WireLayout,
     powersgd_wire,
-    topk_wire,
 )
 from ..sim import RunProfile
 from ..sim.compressed import CompressedRun, attach_wire
 from .engine import EngineHandle
 from .momentum import MomentumCorrection, correction_for
+from .topk_wire import TopkStages, check_wire_tensor, topk_stages
 
 
 class _Plans(Protocol):
@@ -62,6 +61,8 @@ class _Plans(Protocol):
     compressor: CompressedGradients | None
 
     def reinstall(self, iteration: int) -> None: ...
+
+    def finish_updates(self) -> None: ...
 
 STATE_VERSION = 1
 
@@ -102,6 +103,7 @@ class CompressedGradients:
                           for p in self.params]
         self._handed: list[bool] = [False] * len(self.ids)
         self._pending = 0
+        self.topk: TopkStages | None = None  # top-k's wire tensors, per stage of its warm-up
         self.layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
             else self._topk_layout()
         self.correction: MomentumCorrection | None = None  # attach() decides
@@ -121,10 +123,7 @@ class CompressedGradients:
         """Takes the layout's wire specs (commsched.plan.compressed builds them, for the
         simulator too); each must describe the tensor the run allocated for it."""
         for spec, tensor in zip(specs, tensors, strict=True):
-            if spec.numel != tensor.numel() or spec.dtype != dtype_name(tensor.dtype):
-                raise AssertionError(f"commsched: wire tensor {spec.name} is laid out as "
-                                     f"{spec.numel} x {spec.dtype}, allocated as "
-                                     f"{tensor.numel()} x {tensor.dtype}")
+            check_wire_tensor(spec, tensor)
         self._wire.extend(specs)
         self._next_id += len(specs)
 
@@ -160,27 +159,25 @@ class CompressedGradients:
 
     def _topk_layout(self) -> WireLayout:
         """One values and one indices tensor per dtype, world x (sum of k) long: rank r's
-        entries are its r-th slice (the engine's standalone all-gather)."""
+        entries are its r-th slice (the engine's standalone all-gather); one set per stage of
+        the warm-up (Note [Each warm-up stage has its own wire tensors], topk_wire.py)."""
         assert isinstance(self.lossy, TopK)
-        self.k = [self.lossy.k(p.numel()) for p in self.params]
-        self.offset: list[int] = []
-        totals: dict[torch.dtype, int] = {}
-        for p, k in zip(self.params, self.k, strict=True):
-            self.offset.append(totals.get(p.dtype, 0))
-            totals[p.dtype] = totals.get(p.dtype, 0) + k
-        self.total = totals
+        wires = topk_stages(self.lossy.label, self.lossy.stages(),
+                            [self._specs[t] for t in self.ids], self.params, self.lossy.k,
+                            self._world, self._next_id)
+        for wire in wires:
+            self._wire.extend(wire.layout.gathered)
+            self._next_id += len(wire.layout.gathered)
         device = self.params[0].device if self.params else torch.device("cpu")
-        self.values = {d: torch.zeros(self._world * n, dtype=d, device=device)
-                       for d, n in totals.items()}
-        self.indices = {d: torch.zeros(self._world * n, dtype=torch.int32, device=device)
-                        for d, n in totals.items()}
-        picked = [Sparsified(self._specs[t], k) for t, k in zip(self.ids, self.k, strict=True)]
-        layout = topk_wire(self.lossy.label, picked, self._world, self._next_id)
-        tensors = [t for d in totals for t in (self.values[d], self.indices[d])]
-        self._adopt(layout.gathered, tensors)
-        self.gathered_ids: list[tuple[int, torch.Tensor]] = [
-            (s.tensor_id, t) for s, t in zip(layout.gathered, tensors, strict=True)]
-        return layout
+        self.topk = TopkStages(wires, self._world, device)
+        return self.topk.current.layout
+
+    def _stage_for(self, iteration: int) -> bool:
+        """Top-k: the warm-up stage of `iteration` in force; whether it changed."""
+        if self.topk is None or not self.topk.follow(iteration):
+            return False
+        self.layout = self.topk.current.layout
+        return True
 
     def attach(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                average: bool) -> None:
@@ -208,7 +205,15 @@ class CompressedGradients:
         (commsched.plan.compressed); the plan in place is rebuilt when it starts mid-run. (The
         C++ gradient intake leaves a compressed tensor's gradient to Python, whose slow path
         hands it over here: runtime/gradient_hooks.py.)"""
-        if self.on or iteration < self.lossy.start_step:
+        if self.on:
+            if self.topk is not None and self.topk.due(iteration):
+                # Top-k's next warm-up stage: the updates still deferred are rebuilt from the
+                # stage that sent them, whose tensors the switch releases.
+                lifecycle.finish_updates()
+                if self._stage_for(iteration):
+                    lifecycle.reinstall(iteration)
+            return
+        if iteration < self.lossy.start_step:
             return
         self.on = True
         lifecycle.compressor = self
@@ -220,6 +225,7 @@ class CompressedGradients:
     def restored_at(self, iteration: int, lifecycle: _Plans) -> None:
         """After load_state_dict(): compressing or not as the saved run was at this iteration
         (the restored plan already carries the wire tensors if it was)."""
+        self._stage_for(iteration)
         if iteration >= self.lossy.start_step:
             self.on = True
             lifecycle.compressor = self
@@ -246,15 +252,15 @@ class CompressedGradients:
         self._select(index, residual)
         self._pending += 1
         if self._pending == len(self.ids):
-            for tensor_id, tensor in self.gathered_ids:
+            assert self.topk is not None
+            for tensor_id, tensor in self.topk.current.gathered_ids:
                 self._engine.mark_ready(tensor_id, tensor)
 
     def _select(self, index: int, m: torch.Tensor) -> None:
-        p = self.params[index]
-        start = self._rank * self.total[p.dtype] + self.offset[index]
-        values, indices = topk_select(m, self.k[index])
-        self.values[p.dtype][start:start + self.k[index]] = values
-        self.indices[p.dtype][start:start + self.k[index]] = indices
+        assert self.topk is not None
+        wire = self.topk.current
+        values, indices = topk_select(m, wire.k[index])
+        wire.put(index, self.params[index].dtype, self._rank, values, indices)
         m.view(-1)[indices.long()] = 0  # what was sent leaves the residual
         if self.correction is not None:
             self.correction.mask(index, m, indices)  # and the velocity, under DGC
@@ -340,19 +346,16 @@ class CompressedGradients:
         """`run` (this optimizer's profile) as the simulator sees it under this compressor:
         with the wire tensors it sends, laid out exactly as here."""
         shapes = [_shape2(p) for p in self.params]
-        return attach_wire(run, self.layout, self.lossy, shapes)
+        return attach_wire(run, self.layout, self.lossy, shapes, registered=self._wire)
 
     def take_busy_s(self) -> float:
         busy, self.busy_s = self.busy_s, 0.0
         return busy
 
     def _combined(self, index: int, scale: float) -> torch.Tensor:
-        p, k = self.params[index], self.k[index]
-        total, offset = self.total[p.dtype], self.offset[index]
-        values = torch.cat([self.values[p.dtype][r * total + offset:r * total + offset + k]
-                            for r in range(self._world)])
-        indices = torch.cat([self.indices[p.dtype][r * total + offset:r * total + offset + k]
-                             for r in range(self._world)])
+        assert self.topk is not None
+        p = self.params[index]
+        values, indices = self.topk.current.entries(index, p.dtype, self._world)
         return topk_combine(p.numel(), values, indices, scale, p.dtype)
 
     # -- state ---------------------------------------------------------------------------------

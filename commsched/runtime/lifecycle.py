@@ -190,8 +190,7 @@ class PlanLifecycle:
         """Feeds `auto`'s check and re-plans when the profiling steps are over."""
         auto = self.auto
         if auto is not None:
-            now = time.perf_counter()
-            if self._last_end is not None and auto.record(now - self._last_end):
+            if self._last_end is not None and auto.record(time.perf_counter() - self._last_end):
                 verdict = auto.conclude(self._world.broadcast_object(auto.local_median()))
                 if verdict is Verdict.REPLAN:
                     self.replan()
@@ -323,11 +322,10 @@ class PlanLifecycle:
         chosen = self.auto.chosen
         self.install(chosen.plan)
         self.set_credit(int(chosen.knobs.get("credit_bytes", self._config.credit_bytes)))
-        if self._runner is not None:
-            if chosen.policy.overlaps_iterations:
-                self._runner.activate(chosen.plan)
-            else:
-                self._runner.deactivate()
+        if self._runner is not None and chosen.policy.overlaps_iterations:
+            self._runner.activate(chosen.plan)
+        elif self._runner is not None:
+            self._runner.deactivate()
 
     def _run_of(self, document: dict) -> tuple[RunProfile, CompressedRun | None]:
         """The profile as the simulator reads it; under a lossy compressor, with the wire
@@ -355,17 +353,20 @@ class PlanLifecycle:
                                 self._world.size if sharded and sharded.active else 1)
 
     def write_profile(self, document: dict | None = None) -> None:
-        path = self._config.profile
-        if path and self._world.rank == 0:
-            with open(path, "w", encoding="utf-8") as handle:
+        if self._config.profile and self._world.rank == 0:
+            with open(self._config.profile, "w", encoding="utf-8") as handle:
                 json.dump(self.profile_document() if document is None else document, handle,
                           indent=1)
 
     # -- installing ---------------------------------------------------------------------------
 
-    def install(self, plan: Plan) -> None:
+    def finish_updates(self) -> None:
+        """Applies the updates an overlap plan defers, before the plan or the wire changes."""
         if self._runner is not None and self._runner.open:
-            self._runner.finish()  # the engine must be idle before its plan changes
+            self._runner.finish()
+
+    def install(self, plan: Plan) -> None:
+        self.finish_updates()
         check_identical(self._world, "plan fingerprints", [plan.policy, plan.fingerprint])
         self.install_local(plan)
 

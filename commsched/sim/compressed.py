@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..compression import Compression, LossyCompression, PowerSGD
@@ -86,6 +87,7 @@ class CompressedRun:
     layout: WireLayout
     compression_s: float
     notes: tuple[str, ...]
+    gradients: int  # how many of run's tensors are gradients: the wire tensors' rows follow
 
     def plan(self, build: PlanBuilder) -> Plan:
         """The policy's plan (`build`) over the gradients left and the wire tensors."""
@@ -101,7 +103,7 @@ class CompressedRun:
 
     @property
     def first_wire(self) -> int:
-        return min((s.tensor_id for s in self.wire_specs), default=len(self.run.tensors))
+        return self.gradients
 
     @property
     def wire_specs(self) -> tuple[TensorSpec, ...]:
@@ -143,11 +145,14 @@ def compress_run(run: RunProfile, lossy: LossyCompression, world: int) -> Compre
 
 
 def attach_wire(run: RunProfile, layout: WireLayout, lossy: LossyCompression,
-                shapes: list[tuple[int, ...]], notes: list[str] | None = None) -> CompressedRun:
+                shapes: list[tuple[int, ...]], notes: list[str] | None = None,
+                registered: Sequence[TensorSpec] = ()) -> CompressedRun:
     """`run` with `layout`'s wire tensors appended (ids from len(run.tensors) on, as the run
     numbers them); `shapes` (of the compressed gradients) give the estimate of the compute
     when the profile has no compute.compression_s. The optimizer's `auto` passes the layout it
-    runs, whose shapes are exact."""
+    runs, whose shapes are exact, and `registered`: every wire tensor the run numbered, in id
+    order, of which those outside `layout` (top-k's other warm-up stages) are rows no plan
+    holds."""
     notes = list(notes or [])
     seconds = run.compression_s
     if seconds is None:
@@ -156,9 +161,9 @@ def attach_wire(run: RunProfile, layout: WireLayout, lossy: LossyCompression,
                else f"{TOPK_S_PER_ELEMENT * 1e9:g} ns per compressed element")
         notes.append(f"{lossy.label}: compute.compression_s missing: estimated "
                      f"{seconds * 1e3:.3f} ms per iteration ({how})")
-    wire_rows = _wire_records(run, layout, sorted(layout.compressed))
+    wire_rows = _wire_records(run, layout, sorted(layout.compressed), registered)
     extended = replace(run, tensors=run.tensors + wire_rows)
-    return CompressedRun(extended, layout, seconds, tuple(notes))
+    return CompressedRun(extended, layout, seconds, tuple(notes), len(run.tensors))
 
 
 def with_shapes(document: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
@@ -176,18 +181,20 @@ def estimated_seconds(lossy: LossyCompression, shapes: list[tuple[int, ...]]) ->
     return sum(math.prod(s) for s in shapes) * TOPK_S_PER_ELEMENT
 
 
-def _wire_records(run: RunProfile, layout: WireLayout,
-                  compressed: list[int]) -> tuple[TensorRecord, ...]:
+def _wire_records(run: RunProfile, layout: WireLayout, compressed: list[int],
+                  registered: Sequence[TensorSpec] = ()) -> tuple[TensorRecord, ...]:
     """Ready times of the wire tensors (from the first gradient): a P when its gradient is; a
     Q or a gathered tensor when the last compressed gradient is (their blocks wait for the
-    compute anyway, see the Note)."""
+    compute anyway, see the Note). A registered tensor outside `layout` has none."""
     ready = {t.tensor_id: t.ready_time_s for t in run.tensors}
     known = [at for i in compressed if (at := ready[i]) is not None]
     last = max(known) if known else None
+    used = {s.tensor_id for s in layout.early + layout.late + layout.gathered}
     rows = []
-    for spec in layout.early + layout.late + layout.gathered:
+    for spec in registered or layout.early + layout.late + layout.gathered:
         source = layout.source.get(spec.tensor_id)
-        at = ready[source] if source is not None else last
+        at = None if spec.tensor_id not in used else \
+            ready[source] if source is not None else last
         rows.append(TensorRecord(spec.tensor_id, spec.name, spec.numel, spec.dtype,
                                  spec.element_size, spec.forward_index, ready_time_s=at))
     return tuple(rows)

@@ -65,8 +65,9 @@ def _simulate(world: int, lossy: PowerSGD | TopK, op: str = "average") -> list[t
                                                                 scale)
                 p.grad = approx.reshape(p.shape)
             else:
+                share = [s for first, s in lossy.stages() if first <= step][-1]
                 average, velocities[i], residuals[i] = simulate_dgc(
-                    grads, velocities[i], residuals[i], lossy.k(p.numel()), MOMENTUM,
+                    grads, velocities[i], residuals[i], lossy.k(p.numel(), share), MOMENTUM,
                     scale=scale)
                 p.grad = average.reshape(p.shape)
         for opt in optimizers:
@@ -107,7 +108,7 @@ CASES: list[tuple[int, PowerSGD | TopK, str, str]] = [
     (2, PowerSGD(rank=2, min_ratio=1.0), "bytescheduler", "average"),
     (3, PowerSGD(rank=2, min_ratio=1.0, start_step=3), "dear", "predivide"),
     (2, TopK(ratio=0.1), "prophet", "sum"),
-    (3, TopK(ratio=0.1), "dear", "average"),
+    (3, TopK(ratio=0.1, warmup_steps=2), "dear", "average"),  # 25% sent, then 10%
     (2, PowerSGD(rank=1, min_ratio=1.0), "auto", "average")]
 
 

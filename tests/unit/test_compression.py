@@ -121,6 +121,22 @@ def test_orthogonalise_keeps_a_non_finite_column_non_finite() -> None:
     assert not torch.isfinite(orthogonalise_(p)[:, 1]).any()
 
 
+def test_topk_warm_up_stages_follow_dgc() -> None:
+    """DGC's sparsities 75%, 93.75%, 98.4375%, 99.6%, 99.9% over the warm-up, evenly; stages
+    too short for an iteration are dropped; no warm-up, or a ratio of 25% or more: one stage."""
+    stages = TopK(0.001, start_step=10, warmup_steps=100).stages()
+    assert [first for first, _ in stages] == [10, 35, 60, 85, 110]
+    assert [round(1 - share, 6) for _, share in stages] == \
+        [0.75, 0.9375, 0.984375, 0.996094, 0.999]
+    assert TopK(0.001, warmup_steps=2).stages() == ((0, 0.0625), (1, 0.00390625), (2, 0.001))
+    assert TopK(0.01, start_step=5).stages() == ((5, 0.01),)
+    assert TopK(0.3, warmup_steps=50).stages() == ((0, 0.3),)
+    assert TopK(0.01, warmup_steps=9).label == "topk(ratio=0.01,warmup_steps=9)"
+    assert TopK(0.01, warmup_steps=9).k(1000, 0.25) == 250 and TopK(0.01).k(1000) == 10
+    with pytest.raises(ConfigError, match="warmup_steps=-1"):
+        Compression.topk(warmup_steps=-1)
+
+
 def test_which_tensors_compress() -> None:
     psgd = PowerSGD(rank=4, min_ratio=2.0)
     assert not psgd.compresses((1000,))  # 1-D: never
@@ -251,12 +267,16 @@ def test_full_rank_training_reproduces_uncompressed(passes: int) -> None:
 @pytest.mark.parametrize("policy", ["horovod", "bytescheduler"])
 @pytest.mark.parametrize("compression", [Compression.powersgd(rank=2, min_ratio=1, start_step=3),
                                          Compression.topk(ratio=0.1),
-                                         Compression.topk(ratio=0.1, start_step=4)],
-                         ids=["powersgd", "topk", "topk-saved-at-its-start"])
+                                         Compression.topk(ratio=0.1, start_step=4),
+                                         Compression.topk(ratio=0.05, warmup_steps=6)],
+                         ids=["powersgd", "topk", "topk-saved-at-its-start",
+                              "topk-saved-in-its-warm-up"])
 def test_resumed_run_is_bit_identical(compression: Any, policy: str) -> None:
     """Also under an overlap plan, whose last updates are applied (flush) before saving. Top-k
     saved at its start_step, before its first compressed step: the resumed run's velocities
-    start from SGD's momentum too (Note [DGC under the user's momentum])."""
+    start from SGD's momentum too (Note [DGC under the user's momentum]). Top-k saved in the
+    second stage of its warm-up, resumed into its last (Note [Each warm-up stage has its own
+    wire tensors])."""
     model = _model()
     opt = _wrap(model, compression, policy=policy, model=model)
     for step in range(4):

@@ -30,23 +30,27 @@ def _top(m: torch.Tensor, k: int) -> torch.Tensor:
     return m.abs() >= threshold
 
 
-def dgc_reference(grads_per_step: list[list[torch.Tensor]], k: int, momentum: float,
+def _k_at(k: int | list[int], step: int) -> int:
+    return k if isinstance(k, int) else k[step]
+
+
+def dgc_reference(grads_per_step: list[list[torch.Tensor]], k: int | list[int], momentum: float,
                   nesterov: bool = False, start: torch.Tensor | None = None
                   ) -> list[torch.Tensor]:
     """Lin et al.'s algorithm: per rank u = m u + g, v = v + u, send top-k of v, clear v and u
     where sent; the update is the average of what was sent. Float64. `start`: every rank's
-    first u (zero by default)."""
+    first u (zero by default). `k`: one for every step, or one per step (a warm-up)."""
     us = [torch.zeros_like(g, dtype=torch.float64) if start is None else start.clone()
           for g in grads_per_step[0]]
     vs = [torch.zeros_like(u) for u in us]
     out = []
-    for grads in grads_per_step:
+    for step, grads in enumerate(grads_per_step):
         sent = []
         for r, g in enumerate(grads):
             g = g.double()
             us[r] = momentum * (us[r] + g) if nesterov else momentum * us[r] + g
             vs[r] = vs[r] + us[r] + (g if nesterov else 0)
-            mask = _top(vs[r], k)
+            mask = _top(vs[r], _k_at(k, step))
             sent.append(torch.where(mask, vs[r], 0.0))
             vs[r] = torch.where(mask, 0.0, vs[r])
             us[r] = torch.where(mask, 0.0, us[r])
@@ -54,15 +58,16 @@ def dgc_reference(grads_per_step: list[list[torch.Tensor]], k: int, momentum: fl
     return out
 
 
-def ef_reference(grads_per_step: list[list[torch.Tensor]], k: int) -> list[torch.Tensor]:
+def ef_reference(grads_per_step: list[list[torch.Tensor]], k: int | list[int]
+                 ) -> list[torch.Tensor]:
     """Plain error feedback: send top-k of g + e, keep the rest in e. Float64."""
     es = [torch.zeros_like(g, dtype=torch.float64) for g in grads_per_step[0]]
     out = []
-    for grads in grads_per_step:
+    for step, grads in enumerate(grads_per_step):
         sent = []
         for r, g in enumerate(grads):
             m = g.double() + es[r]
-            mask = _top(m, k)
+            mask = _top(m, _k_at(k, step))
             sent.append(torch.where(mask, m, 0.0))
             es[r] = torch.where(mask, 0.0, m)
         out.append(torch.stack(sent).mean(0))
@@ -150,7 +155,9 @@ def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov:
     """Float64: DGC (momentum > 0) or plain error feedback on the compressed tensors, whose
     update is lr x the exchanged value (weight decay inside DGC's gradient); the rest by
     torch's SGD with the same hyper-parameters. Before `lossy.start_step`, every tensor by
-    that SGD; DGC's u then starts from SGD's buffer b (Nesterov: m b)."""
+    that SGD; DGC's u then starts from SGD's buffer b (Nesterov: m b). Each step's k is
+    that of its share sent: DGC's warm-up, stages written out here from the paper's rule
+    (25% first, a quarter of the previous share per stage, the warm-up split evenly)."""
     model = _model().double()
     params = list(model.parameters())
     compressed = [p for p in params if lossy.compresses(p.shape)]
@@ -171,7 +178,8 @@ def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov:
             for p in compressed_now:
                 assert p.grad is not None
                 history[id(p)].append([p.grad + weight_decay * p if momentum else p.grad])
-                k = lossy.k(p.numel())
+                k = [math.ceil(_share(lossy, s) * p.numel())
+                     for s in range(lossy.start_step, step + 1)]
                 buffer = buffers[id(p)]
                 start = None if buffer is None else buffer * (momentum if nesterov else 1.0)
                 updates = dgc_reference(history[id(p)], k, momentum, nesterov, start) \
@@ -182,6 +190,18 @@ def _reference_run(lossy: TopK, steps: int = 5, momentum: float = 0.0, nesterov:
         if opt is not None:
             opt.step()
     return [p.detach() for p in params]
+
+
+def _share(lossy: TopK, step: int) -> float:
+    """DGC's warm-up, independently of TopK.stages(): stage i of n ramp stages (shares 1/4,
+    1/16, ... above the ratio) starts i x warmup // n steps after the start."""
+    shares = [0.25 / 4**i for i in range(20) if 0.25 / 4**i > lossy.ratio] \
+        if lossy.warmup_steps else []
+    since = step - lossy.start_step
+    if since >= lossy.warmup_steps or not shares:
+        return lossy.ratio
+    return [share for i, share in enumerate(shares)
+            if i * lossy.warmup_steps // len(shares) <= since][-1]
 
 
 def _close(ours: list[torch.Tensor], want: list[torch.Tensor]) -> None:
@@ -210,6 +230,47 @@ def test_a_warm_up_hands_sgds_momentum_to_dgc(nesterov: bool, policy: str) -> No
     sgd: dict[str, Any] = {"momentum": 0.9, "nesterov": nesterov,
                            "weight_decay": 0.0 if nesterov else WD}
     _close(_run(lossy, steps=6, policy=policy, **sgd), _reference_run(lossy, steps=6, **sgd))
+
+
+@pytest.mark.parametrize(("lossy", "policy", "sgd"), [
+    (TopK(0.01, warmup_steps=4), "horovod", {"momentum": 0.9, "weight_decay": WD}),
+    (TopK(0.01, start_step=2, warmup_steps=3), "bytescheduler", {"momentum": 0.9}),
+    (TopK(0.01, warmup_steps=4), "horovod", {"weight_decay": WD}),
+    (TopK(0.01, warmup_steps=6), "auto", {"momentum": 0.9})],
+    ids=["dgc", "dgc-after-a-dense-start-overlap", "error-feedback", "auto-simulates-stages"])
+def test_the_sparsity_warm_up_matches_float64_reference(lossy: TopK, policy: str,
+                                                        sgd: dict[str, Any]) -> None:
+    """DGC's warm-up (warmup_steps): 25%, 6.25%, 1.5625% then 1% sent, each stage on its own
+    wire tensors under a rebuilt plan, residuals and velocities carried across the stages.
+    `auto` simulates its candidates while the stages change (the other stages' tensors are
+    no gradients to plan)."""
+    assert len(lossy.stages()) == 4
+    _close(_run(lossy, steps=7, policy=policy, **sgd), _reference_run(lossy, steps=7, **sgd))
+
+
+def test_each_warm_up_stage_gathers_its_own_share() -> None:
+    """The plan in force carries the stage's wire tensors only; the others hold no memory."""
+    lossy = Compression.topk(0.01, warmup_steps=4)
+    model = _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2)
+    sizes = [p.numel() for p in model.parameters() if lossy.compresses(p.shape)]
+    assert sizes == [600, 30, 150, 5]  # at 1%, each sends a quarter of its bytes or less
+    gathered = []
+    for step in range(6):
+        opt.zero_grad()
+        model(_batch(step)).square().mean().backward()
+        opt.step()  # the stage of the next iteration is in force after it
+        blocks = [b for b in opt.plan.blocks if b.op.name == "ALL_GATHER"]
+        gathered.append(sum(p.numel for b in blocks for p in b.pieces if b.dtype == "float32"))
+        assert opt.session.compressed is not None and opt.session.compressed.topk is not None
+        stages = opt.session.compressed.topk
+        assert [bool(w.values) for w in stages.wires] == \
+            [i == stages.position for i in range(len(stages.wires))]
+    opt.session.close()
+    shares = [0.0625, 0.015625, 0.015625, 0.01, 0.01, 0.01]  # iterations 1 to 6
+    assert gathered == [sum(math.ceil(s * n) for n in sizes) for s in shares], gathered
 
 
 def test_the_first_compressed_step_moves_sent_entries_as_sgd_would() -> None:
