@@ -190,9 +190,10 @@ class TopK:
         Deep Gradient Compression (Lin et al., ICLR 2018) warms up by raising the sparsity
         exponentially over its first epochs. Here the share sent starts at 25% and is
         divided by 4 per stage while it stays above `ratio`; those stages share the
-        `warmup_steps` iterations after `start_step` evenly, and `ratio` follows (a stage left
-        with no iteration is dropped). Without a warm-up: one stage, `ratio` from
-        `start_step` on.
+        `warmup_steps` iterations after `start_step` evenly, and `ratio` follows. A warm-up
+        shorter than its stages keeps the first of those that would start at the same
+        iteration (the densest: it still starts at 25%). Without a warm-up: one stage,
+        `ratio` from `start_step` on.
 
         Returns:
             The stages in order, their first iterations strictly increasing.
@@ -205,8 +206,8 @@ class TopK:
         firsts = [self.start_step + i * self.warmup_steps // len(ramp) for i in range(len(ramp))]
         stages = list(zip(firsts, ramp, strict=True))
         stages.append((self.start_step + (self.warmup_steps if ramp else 0), self.ratio))
-        return tuple(stage for stage, after in zip(stages, stages[1:] + [(1 << 62, 0.0)],
-                                                   strict=True) if after[0] > stage[0])
+        return tuple(stage for stage, before in zip(stages, [(-1, 1.0)] + stages[:-1],
+                                                    strict=True) if stage[0] > before[0])
 
     def compresses(self, shape: Sequence[int]) -> bool:
         """Whether a tensor of `shape` is sent as its top k.

@@ -130,6 +130,12 @@ class AutoState:
         self.pending, self.windows = None, {}
         self._move_to(0, "choice")
 
+    def rewire(self) -> None:
+        """The compressor's wire changed (top-k's next warm-up stage): every candidate's plan
+        carried the old one, so the next choice starts over, with its one re-plan and its
+        refinement still to come."""
+        self.replanned, self.refined, self.refining = False, False, False
+
     def _move_to(self, index: int, why: str, measured_s: float | None = None,
                  window: int = CHECK_STEPS) -> None:
         """Makes `choices[index]` the installed plan, to be measured over `window` steps;

@@ -170,13 +170,13 @@ class CompressedGradients:
             self._next_id += len(wire.layout.gathered)
         device = self.params[0].device if self.params else torch.device("cpu")
         self.topk = TopkStages(wires, self._world, device)
-        return self.topk.current.layout
+        return wires[0].layout
 
     def _stage_for(self, iteration: int) -> bool:
         """Top-k: the warm-up stage of `iteration` in force; whether it changed."""
         if self.topk is None or not self.topk.follow(iteration):
             return False
-        self.layout = self.topk.current.layout
+        self.layout = self.topk.wires[self.topk.position].layout
         return True
 
     def attach(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],

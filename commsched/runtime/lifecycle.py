@@ -175,13 +175,18 @@ class PlanLifecycle:
 
     def reinstall(self, iteration: int) -> None:
         """Rebuilds the plan in place for the same stage of the run (profiling, or the policy's
-        plan from the world's profile) after `wire` changed (compression starting mid-run)."""
-        if iteration == self.replan_at:
+        plan from the world's profile, as refined) after `wire` changed (compression starting
+        mid-run, top-k's next warm-up stage); `auto` chooses afresh, its refinement due."""
+        profiling = is_profiling_plan(self.plan)
+        if self.auto is not None and not profiling:
+            self.auto.rewire()
+            self.replan_at = None  # a refinement of the old choice: the new one gets its own
+        elif iteration == self.replan_at:
             return  # iteration_ended re-plans now anyway
-        if is_profiling_plan(self.plan):
+        if profiling:
             self.install(self._profiling_plan(Profile()))
         else:
-            self.replan()
+            self.replan(refine=True)
         self.sampling.unsettle()  # the window held the old plan: settle afresh
 
     # -- after each iteration ---------------------------------------------------------------
@@ -243,7 +248,7 @@ class PlanLifecycle:
             net = planner_model(FittedNetwork.from_document(document), cfg)
         plan = self._policy_plan(profile, net)
         if overlap:
-            run, compressed = self._run_of(document)
+            run, compressed = _run_of(document, self.compressor)
             plan = with_update_groups(run, plan, FittedNetwork.from_document(document),
                                       None if compressed is None else compressed.compute)
         self.write_profile(document)
@@ -267,7 +272,7 @@ class PlanLifecycle:
         lone = self._world.size == 1
         cfg = dataclasses.replace(self._config, auto_trials=0) if lone else self._config
         self.auto.choose(document, cfg, self._runner is not None and not lone,
-                         self._run_of(document)[1],
+                         _run_of(document, self.compressor)[1],
                          1 if self.sharded is None else self._world.size)
         self.write_profile(document)
         self._install_choice()
@@ -289,7 +294,7 @@ class PlanLifecycle:
         auto = self.auto
         assert auto is not None
         document = self._steady_document()
-        run, compressed = self._run_of(document)
+        run, compressed = _run_of(document, self.compressor)
         cache, net = PlanCache(run, self._config, compressed), FittedNetwork.from_document(document)
         auto.replan_trials({index: cache.plan(auto.choices[index].policy,
                                               auto.choices[index].knobs, net)
@@ -305,7 +310,7 @@ class PlanLifecycle:
             auto.refined, auto.refining = True, False
             return
         document = self._steady_document()
-        run, compressed = self._run_of(document)
+        run, compressed = _run_of(document, self.compressor)
         plan = PlanCache(run, self._config, compressed).plan(
             chosen.policy, chosen.knobs, FittedNetwork.from_document(document))
         self.write_profile(document)
@@ -327,13 +332,6 @@ class PlanLifecycle:
         elif self._runner is not None:
             self._runner.deactivate()
 
-    def _run_of(self, document: dict) -> tuple[RunProfile, CompressedRun | None]:
-        """The profile as the simulator reads it; under a lossy compressor, with the wire
-        tensors this run sends (their exact layout, not one guessed from the profile)."""
-        run = profile_from_document(document)
-        compressed = None if self.compressor is None else self.compressor.simulated(run)
-        return (run, None) if compressed is None else (compressed.run, compressed)
-
     # -- profile ------------------------------------------------------------------------------
 
     def _world_document(self) -> dict:
@@ -354,9 +352,8 @@ class PlanLifecycle:
 
     def write_profile(self, document: dict | None = None) -> None:
         if self._config.profile and self._world.rank == 0:
-            with open(self._config.profile, "w", encoding="utf-8") as handle:
-                json.dump(self.profile_document() if document is None else document, handle,
-                          indent=1)
+            _write_json(self._config.profile,
+                        self.profile_document() if document is None else document)
 
     # -- installing ---------------------------------------------------------------------------
 
@@ -398,3 +395,17 @@ class PlanLifecycle:
             check_identical(self._world, "plans restored by load_state_dict() (policy, "
                             "fingerprint, iteration, re-plan iteration)",
                             [self.plan.policy, self.plan.fingerprint, iteration, self.replan_at])
+
+
+def _write_json(path: str, document: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=1)
+
+
+def _run_of(document: dict, compressor: CompressedGradients | None
+            ) -> tuple[RunProfile, CompressedRun | None]:
+    """The profile as the simulator reads it; under a lossy compressor, with the wire tensors
+    this run sends (their exact layout, not one guessed from the profile)."""
+    run = profile_from_document(document)
+    compressed = None if compressor is None else compressor.simulated(run)
+    return (run, None) if compressed is None else (compressed.run, compressed)

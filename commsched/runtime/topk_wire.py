@@ -4,11 +4,15 @@ Note [Each warm-up stage has its own wire tensors]
 A stage sends k = ceil(share x numel) entries per compressed gradient, so each stage's values
 and indices tensors have their own length, and the plan's all-gather blocks with them. Every
 stage's tensors are specs of the engine from the bind on (ids after the gradients', stage by
-stage), but only the stage in force is in the plan: when the next stage begins, the
-compressor switches layouts and the plan is rebuilt (as when compression starts mid-run). A
-checkpoint restores the stage of its iteration, whose ids its plan carries. The tensors
-themselves are allocated when their stage begins and dropped when it ends: the first stage
-gathers a quarter of every compressed gradient from each rank, which no later stage needs.
+stage), but only the stage in force is in the plan: when the next stage begins, the updates
+an overlap plan still defers are applied from the stage that sent them, then the compressor
+switches layouts and the plan is rebuilt (as when compression starts mid-run; `auto` chooses
+afresh, since every candidate carried the old wire). A checkpoint restores the stage of its
+iteration, whose ids its plan carries. The tensors themselves are allocated at their stage's
+first hand-over and dropped when it ends: the first stage gathers a quarter of every
+compressed gradient from each rank, which no later stage, and no uncompressed iteration
+before `start_step`, needs. Plan names show a stage as the compressor's label and its share
+(`topk(ratio=0.01,warmup_steps=88)@0.25`).
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def topk_stages(label: str, stages: Sequence[tuple[int, float]], specs: Sequence
             total[p.dtype] = total.get(p.dtype, 0) + n
         last = position == len(stages) - 1
         tag = "topk" if last else f"topk@{share:g}"
-        stage_label = label if last else f"topk(ratio={share:g})"
+        stage_label = label if last else f"{label}@{share:g}"
         picked = [Sparsified(s, n) for s, n in zip(specs, k, strict=True)]
         layout = topk_wire(stage_label, picked, world, next_id, tag=tag)
         next_id += len(layout.gathered)
@@ -104,16 +108,20 @@ class TopkStages:
 
     @property
     def current(self) -> TopkWire:
-        return self.wires[self.position]
+        """The stage in force, its tensors allocated at the first hand-over that needs them
+        (none while the run is still uncompressed, or before a restore picks its stage)."""
+        wire = self.wires[self.position]
+        if wire.total and not wire.gathered_ids:
+            wire.allocate(self._world, self._device)
+        return wire
 
     def use(self, position: int) -> bool:
         """Makes stage `position` the one in force; whether it changed."""
         if position == self.position:
             return False
         if self.position >= 0:
-            self.current.release()
+            self.wires[self.position].release()
         self.position = position
-        self.current.allocate(self._world, self._device)
         following = self.wires[position + 1:]
         self.next_at = following[0].first_iteration if following else None
         return True

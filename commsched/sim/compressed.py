@@ -185,7 +185,7 @@ def _wire_records(run: RunProfile, layout: WireLayout, compressed: list[int],
                   registered: Sequence[TensorSpec] = ()) -> tuple[TensorRecord, ...]:
     """Ready times of the wire tensors (from the first gradient): a P when its gradient is; a
     Q or a gathered tensor when the last compressed gradient is (their blocks wait for the
-    compute anyway, see the Note). A registered tensor outside `layout` has none."""
+    compute anyway, see the Note)."""
     ready = {t.tensor_id: t.ready_time_s for t in run.tensors}
     known = [at for i in compressed if (at := ready[i]) is not None]
     last = max(known) if known else None
@@ -193,8 +193,9 @@ def _wire_records(run: RunProfile, layout: WireLayout, compressed: list[int],
     rows = []
     for spec in registered or layout.early + layout.late + layout.gathered:
         source = layout.source.get(spec.tensor_id)
-        at = None if spec.tensor_id not in used else \
-            ready[source] if source is not None else last
-        rows.append(TensorRecord(spec.tensor_id, spec.name, spec.numel, spec.dtype,
+        at = ready[source] if source is not None else last
+        # Another stage's tensor: in no plan, so no bytes (totals and the update's cost).
+        numel = spec.numel if spec.tensor_id in used else 0
+        rows.append(TensorRecord(spec.tensor_id, spec.name, numel, spec.dtype,
                                  spec.element_size, spec.forward_index, ready_time_s=at))
     return tuple(rows)

@@ -122,13 +122,14 @@ def test_orthogonalise_keeps_a_non_finite_column_non_finite() -> None:
 
 
 def test_topk_warm_up_stages_follow_dgc() -> None:
-    """DGC's sparsities 75%, 93.75%, 98.4375%, 99.6%, 99.9% over the warm-up, evenly; stages
-    too short for an iteration are dropped; no warm-up, or a ratio of 25% or more: one stage."""
+    """DGC's sparsities 75%, 93.75%, 98.4375%, 99.6%, 99.9% over the warm-up, evenly; no
+    warm-up, or a ratio of 25% or more: one stage."""
     stages = TopK(0.001, start_step=10, warmup_steps=100).stages()
     assert [first for first, _ in stages] == [10, 35, 60, 85, 110]
     assert [round(1 - share, 6) for _, share in stages] == \
         [0.75, 0.9375, 0.984375, 0.996094, 0.999]
-    assert TopK(0.001, warmup_steps=2).stages() == ((0, 0.0625), (1, 0.00390625), (2, 0.001))
+    # Shorter than its stages: the densest of those starting together, 25% first.
+    assert TopK(0.001, warmup_steps=2).stages() == ((0, 0.25), (1, 0.015625), (2, 0.001))
     assert TopK(0.01, start_step=5).stages() == ((5, 0.01),)
     assert TopK(0.3, warmup_steps=50).stages() == ((0, 0.3),)
     assert TopK(0.01, warmup_steps=9).label == "topk(ratio=0.01,warmup_steps=9)"

@@ -200,8 +200,8 @@ def _share(lossy: TopK, step: int) -> float:
     since = step - lossy.start_step
     if since >= lossy.warmup_steps or not shares:
         return lossy.ratio
-    return [share for i, share in enumerate(shares)
-            if i * lossy.warmup_steps // len(shares) <= since][-1]
+    starts = [i * lossy.warmup_steps // len(shares) for i in range(len(shares))]
+    return shares[starts.index(max(f for f in starts if f <= since))]  # densest of a tie
 
 
 def _close(ours: list[torch.Tensor], want: list[torch.Tensor]) -> None:
@@ -266,11 +266,85 @@ def test_each_warm_up_stage_gathers_its_own_share() -> None:
         gathered.append(sum(p.numel for b in blocks for p in b.pieces if b.dtype == "float32"))
         assert opt.session.compressed is not None and opt.session.compressed.topk is not None
         stages = opt.session.compressed.topk
-        assert [bool(w.values) for w in stages.wires] == \
-            [i == stages.position for i in range(len(stages.wires))]
+        # Only the stage in force may hold memory (it allocates at its first hand-over).
+        assert not any(w.values for i, w in enumerate(stages.wires) if i != stages.position)
     opt.session.close()
     shares = [0.0625, 0.015625, 0.015625, 0.01, 0.01, 0.01]  # iterations 1 to 6
     assert gathered == [sum(math.ceil(s * n) for n in sizes) for s in shares], gathered
+
+
+def _wire_ids(opt: Any) -> tuple[list[int], list[int]]:
+    """The wire tensors the installed plan carries, and those of the stage in force."""
+    compressed = opt.session.compressed
+    planned = sorted(p.tensor_id for b in opt.plan.blocks for p in b.pieces
+                     if p.tensor_id >= len(opt.session.specs))
+    return planned, sorted(s.tensor_id for s in compressed.layout.gathered)
+
+
+def test_nothing_is_allocated_before_compression_starts() -> None:
+    lossy = Compression.topk(0.01, start_step=3, warmup_steps=9)  # 25% from 3 to 5
+    model = _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2)
+    held = []
+    for step in range(5):
+        opt.zero_grad()
+        model(_batch(step)).square().mean().backward()
+        opt.step()
+        compressed = opt.session.compressed
+        assert compressed is not None and compressed.topk is not None
+        held.append(sum(bool(w.values) for w in compressed.topk.wires))
+    opt.session.close()
+    assert held == [0, 0, 0, 1, 1], held  # iterations 0-2 uncompressed
+
+
+def test_auto_chooses_afresh_at_each_stage() -> None:
+    """A stage's plans carry its own wire: `auto` decides again, and its refinement of the
+    new choice is still to come (Note [Planning from the steady state])."""
+    lossy = Compression.topk(0.01, warmup_steps=60)  # stages at 0, 20, 40, then 60
+    model = _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2,
+        policy="auto", model=model, timeout=20)
+    lifecycle = opt.session.lifecycle
+    auto = lifecycle.auto
+    assert auto is not None
+    for step in range(140):
+        opt.zero_grad()
+        model(_batch(step)).square().mean().backward()
+        opt.step()
+        planned, layout = _wire_ids(opt)
+        assert planned == layout, (step, planned, layout)
+        if opt.session.iteration in (20, 40, 60):  # a stage began
+            assert not auto.refined and lifecycle.replan_at is None
+    assert auto.refined  # the last stage's choice was refined
+    opt.session.close()
+
+
+def test_auto_restored_where_a_stage_begins_installs_its_wire() -> None:
+    """A checkpoint saved in `auto`'s refinement window whose re-plan falls where a stage
+    begins: the restored run has no ranking to refine, so the stage's plan is built then
+    (before, the old stage's plan stayed and the next step waited for the new wire)."""
+    lossy = Compression.topk(0.01, warmup_steps=12)  # stages at 0, 4, 8, then 12
+    model = _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2,
+        policy="auto", model=model, timeout=10)
+    for step in range(10):
+        if step == 5:
+            state = opt.state_dict()
+            state["commsched"]["replan_at"] = 8  # a refinement due where stage 3 begins
+            state["commsched"]["auto"]["refining"] = True
+            opt.load_state_dict(state)
+        opt.zero_grad()
+        model(_batch(step)).square().mean().backward()
+        opt.step()
+        planned, layout = _wire_ids(opt)
+        assert planned == layout, (step, planned, layout)
+    opt.session.close()
 
 
 def test_the_first_compressed_step_moves_sent_entries_as_sgd_would() -> None:
