@@ -379,7 +379,9 @@ def DistributedOptimizer(  # Horovod's name: called like a class
         compression: a cast on the wire (``Compression.none``, ``Compression.fp16``,
             ``Compression.bf16``, or Horovod's ``hvd.Compression.none`` / ``fp16``) or a lossy
             compressor with error feedback (``Compression.powersgd(...)``,
-            ``Compression.topk(...)``). None: what COMMSCHED_COMPRESSION names (none unless set).
+            ``Compression.topk(...)``). A string is the knob's value (``"fp16"``, ``"topk"``;
+            its parameters as knobs: ``topk_ratio=0.01``), as ``--knob compression=fp16`` in
+            the examples passes it. None: what COMMSCHED_COMPRESSION names (none unless set).
         backward_passes_per_step: backward passes summed locally before one reduction
             (Horovod's accumulation; no_sync() is DDP's way to do the same).
         op: ``Average`` (the mean over ranks) or ``Sum``; Horovod's ``hvd.Average`` and
@@ -442,6 +444,8 @@ def DistributedOptimizer(  # Horovod's name: called like a class
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if not gradient_predivide_factor > 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if isinstance(compression, str):  # the knob's value, its parameters knobs too
+        knobs, compression = {**knobs, "compression": compression}, None
     config = load_config({**knobs, "policy": policy})
     named = resolve_names(optimizer, named_parameters)
     group_of = resolve_groups([p for _, p in named if p.requires_grad], num_groups, groups)

@@ -54,7 +54,9 @@ def test_resnet50_checkpoints_under_torchrun_and_resumes_under_horovodrun(tmp_pa
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(("script", "launcher", "extra"), [
-    ("pytorch_bert.py", "torchrun", ("--amp", "bf16", "--policy", "dear")),
+    # --knob compression=fp16, as the examples' help suggests: the knob's value as a string.
+    ("pytorch_bert.py", "torchrun", ("--amp", "bf16", "--knob", "compression=fp16", "--policy",
+                                     "dear")),
     ("pytorch_gpt2.py", "horovodrun", ("--amp", "--policy", "auto")),
 ])
 def test_transformer_example_trains_on_two_ranks(tmp_path, script: str, launcher: str,

@@ -334,6 +334,27 @@ def test_every_policy_with_each_compressor(policy: str, compression: Any) -> Non
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_compression_named_as_the_knob_is() -> None:
+    """compression="fp16" / "topk" (with its parameters as knobs), as `--knob compression=...`
+    in the examples passes it; a name the knob refuses is one ConfigError naming it."""
+    model = _model()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+        compression="topk", topk_ratio="0.05", topk_warmup_steps="8")
+    assert opt.session.compressed is not None
+    assert opt.session.compressed.lossy == TopK(0.05, 0, 8)
+    opt.session.close()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+        compression="fp16")
+    assert opt.session.compressed is None and opt.session.options.compression is Compression.fp16
+    opt.session.close()
+    with pytest.raises(ConfigError, match="gzip"):
+        commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       compression="gzip")
+
+
 def test_compression_from_the_knob(monkeypatch) -> None:
     monkeypatch.setenv("COMMSCHED_COMPRESSION", "powersgd")
     monkeypatch.setenv("COMMSCHED_POWERSGD_MIN_RATIO", "1")
