@@ -248,13 +248,18 @@ def test_the_sparsity_warm_up_matches_float64_reference(lossy: TopK, policy: str
     _close(_run(lossy, steps=7, policy=policy, **sgd), _reference_run(lossy, steps=7, **sgd))
 
 
+def _wrapped(net: nn.Module, lossy: Any, **knobs: Any) -> Any:
+    """Momentum SGD under `lossy`, profiled for two steps."""
+    return commsched.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9),
+        named_parameters=net.named_parameters(), compression=lossy, profile_steps=2, **knobs)
+
+
 def test_each_warm_up_stage_gathers_its_own_share() -> None:
     """The plan in force carries the stage's wire tensors only; the others hold no memory."""
     lossy = Compression.topk(0.01, warmup_steps=4)
     model = _model()
-    opt = commsched.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
-        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2)
+    opt = _wrapped(model, lossy)
     sizes = [p.numel() for p in model.parameters() if lossy.compresses(p.shape)]
     assert sizes == [600, 30, 150, 5]  # at 1%, each sends a quarter of its bytes or less
     gathered = []
@@ -284,9 +289,7 @@ def _wire_ids(opt: Any) -> tuple[list[int], list[int]]:
 def test_nothing_is_allocated_before_compression_starts() -> None:
     lossy = Compression.topk(0.01, start_step=3, warmup_steps=9)  # 25% from 3 to 5
     model = _model()
-    opt = commsched.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
-        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2)
+    opt = _wrapped(model, lossy)
     held = []
     for step in range(5):
         opt.zero_grad()
@@ -304,10 +307,7 @@ def test_auto_chooses_afresh_at_each_stage() -> None:
     new choice is still to come (Note [Planning from the steady state])."""
     lossy = Compression.topk(0.01, warmup_steps=60)  # stages at 0, 20, 40, then 60
     model = _model()
-    opt = commsched.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
-        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2,
-        policy="auto", model=model, timeout=20)
+    opt = _wrapped(model, lossy, policy="auto", model=model, timeout=20)
     lifecycle = opt.session.lifecycle
     auto = lifecycle.auto
     assert auto is not None
@@ -329,10 +329,7 @@ def test_auto_restored_where_a_stage_begins_installs_its_wire() -> None:
     (before, the old stage's plan stayed and the next step waited for the new wire)."""
     lossy = Compression.topk(0.01, warmup_steps=12)  # stages at 0, 4, 8, then 12
     model = _model()
-    opt = commsched.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
-        named_parameters=model.named_parameters(), compression=lossy, profile_steps=2,
-        policy="auto", model=model, timeout=10)
+    opt = _wrapped(model, lossy, policy="auto", model=model, timeout=10)
     for step in range(10):
         if step == 5:
             state = opt.state_dict()
