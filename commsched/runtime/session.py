@@ -158,9 +158,11 @@ class Session:
         return self.pass_through.active
 
     def hook_gradients(self) -> None:
-        """Leaves the plain optimizer's step, where it was taken."""
-        self.pass_through.resume(self.hooks, self.accumulation.intake, self.params, self.runner,
-                                 self.lifecycle)
+        """Leaves the plain optimizer's step, where it was taken (a session never bound, as an
+        elastic job's new worker restoring before its first step, has taken none)."""
+        if self.binding.binds:
+            self.pass_through.resume(self.hooks, self.accumulation.intake, self.params,
+                                     self.runner, self.lifecycle)
 
     def never_pass_through(self) -> None:
         """Keeps this session stepping through the engine and, under an overlap plan, its

@@ -100,6 +100,17 @@ def _fail_a_step(model: nn.Module, opt: Wrapped, monkeypatch, wait: str,
     assert not opt.session.accumulation.pending
 
 
+def test_a_worker_restores_before_its_first_step(elastic_world) -> None:
+    """A worker added to the job restores its TorchState (a failure elsewhere before it ever
+    stepped): load_state_dict() on a session never bound, then the job goes on."""
+    model, opt = _setup()
+    opt.load_state_dict(opt.state_dict())
+    assert not opt.session.bound
+    _step(model, opt)
+    assert opt.session.bound and opt.session.iteration == 1
+    opt.session.close()
+
+
 def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None:
     model, opt = _setup()
     _step(model, opt)
