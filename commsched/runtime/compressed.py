@@ -104,7 +104,7 @@ class CompressedGradients:
         self._handed: list[bool] = [False] * len(self.ids)
         self._pending = 0
         self.topk: TopkStages | None = None  # top-k's wire tensors, per stage of its warm-up
-        self.layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
+        self._fixed_layout = self._powersgd_layout() if isinstance(lossy, PowerSGD) \
             else self._topk_layout()
         self.correction: MomentumCorrection | None = None  # attach() decides
         self._positions: tuple[int, list[int], list[int]] | None = None  # per installed plan
@@ -114,6 +114,11 @@ class CompressedGradients:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def layout(self) -> WireLayout:
+        """The wire in force: PowerSGD's, or the top-k warm-up stage's."""
+        return self._fixed_layout if self.topk is None else self.topk.layout
 
     @property
     def wire_specs(self) -> list[TensorSpec]:
@@ -172,13 +177,6 @@ class CompressedGradients:
         self.topk = TopkStages(wires, self._world, device)
         return wires[0].layout
 
-    def _stage_for(self, iteration: int) -> bool:
-        """Top-k: the warm-up stage of `iteration` in force; whether it changed."""
-        if self.topk is None or not self.topk.follow(iteration):
-            return False
-        self.layout = self.topk.wires[self.topk.position].layout
-        return True
-
     def attach(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
                average: bool) -> None:
         """Top-k under momentum SGD: DGC's momentum correction (Note [DGC under the user's
@@ -210,7 +208,7 @@ class CompressedGradients:
                 # Top-k's next warm-up stage: the updates still deferred are rebuilt from the
                 # stage that sent them, whose tensors the switch releases.
                 lifecycle.finish_updates()
-                if self._stage_for(iteration):
+                if self.topk.follow(iteration):
                     lifecycle.reinstall(iteration)
             return
         if iteration < self.lossy.start_step:
@@ -225,7 +223,8 @@ class CompressedGradients:
     def restored_at(self, iteration: int, lifecycle: _Plans) -> None:
         """After load_state_dict(): compressing or not as the saved run was at this iteration
         (the restored plan already carries the wire tensors if it was)."""
-        self._stage_for(iteration)
+        if self.topk is not None:  # top-k: the warm-up stage of this iteration
+            self.topk.follow(iteration)
         if iteration >= self.lossy.start_step:
             self.on = True
             lifecycle.compressor = self

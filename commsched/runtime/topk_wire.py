@@ -115,6 +115,11 @@ class TopkStages:
             wire.allocate(self._world, self._device)
         return wire
 
+    @property
+    def layout(self) -> WireLayout:
+        """The stage in force's layout (nothing allocated for it)."""
+        return self.wires[self.position].layout
+
     def use(self, position: int) -> bool:
         """Makes stage `position` the one in force; whether it changed."""
         if position == self.position:
