@@ -18,9 +18,15 @@
 # A job starts only while $BUDGET_S (default 450) seconds have not passed and runs under what is
 # left of them, so the script ends within about 8 minutes; a job cut short leaves no rows.
 #
+# Where torch sees a GPU, each model in $GPU_MODELS (default all four) is first recorded on it
+# (commsched.bench.device_profile: a world of one at the inputs the model trains on, its plain
+# step timed beside the profile's compute, Note [Device time on the host's clock]) and the
+# simulator predicts 8 to 256 workers at 10, 25 and 100 Gbit/s from that profile:
+# $OUT/gpu/<model>/{profile,recording,results}.json, table.md (scaling.png where matplotlib is).
+# These go first, within $GPU_BUDGET_S (default 180) of the budget.
+#
 # Python: .venv/bin/python where scripts/setup.sh made one, else python3 (the GPU machines'
 # image), whose build of commsched._C goes in place, as in scripts/gpu_check.sh.
-# GPU profiles of the real models are not recorded yet: compare runs on CPU ranks.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -36,6 +42,8 @@ fi
 
 OUT="${OUT:-benchmarks/scale/device}"
 MODELS="${MODELS:-resnet50 gpt2}"
+GPU_MODELS="${GPU_MODELS:-resnet50 vgg16 bert gpt2}"
+GPU_BUDGET_S="${GPU_BUDGET_S:-180}"
 RANKS="${RANKS:-4 8}"
 RATE="${RATE:-10gbit}"
 BUDGET_S="${BUDGET_S:-450}"
@@ -104,6 +112,35 @@ fi
 echo "== device_scale: $LINK" >&2
 
 mkdir -p "$OUT"
+GPU_DONE=()
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  PLOT=()
+  "$PY" -c "import matplotlib" 2>/dev/null && PLOT=(--plot)
+  for model in $GPU_MODELS; do
+    left=$((GPU_BUDGET_S - (SECONDS - START)))
+    if [ "$left" -le 20 ]; then
+      echo "== device_scale: $model's GPU profile skipped: ${GPU_BUDGET_S} s spent" >&2; continue
+    fi
+    dir="$OUT/gpu/$model"
+    rm -rf "$dir"
+    echo "== device_scale: $model's GPU profile (at most $left s)" >&2
+    if timeout --kill-after=10 "$left" "$PY" -m commsched.bench.device_profile --model "$model" \
+        --device cuda --out "$dir" > "$OUT/gpu-$model.log" 2>&1 \
+      && "$PY" -m commsched simulate --profile "$dir/profile.json" \
+        --workers 8,16,32,64,128,256 --bandwidth 10gbit,25gbit,100gbit --latency 20us \
+        --algorithm ring --policy all --compression 1,powersgd:4 --json "$dir/results.json" \
+        --markdown "$dir/table.md" ${PLOT[@]+"${PLOT[@]}" "$dir/scaling.png"} \
+        >> "$OUT/gpu-$model.log" 2>&1; then
+      GPU_DONE+=("$model")
+    else
+      echo "== device_scale: $model's GPU profile failed; see $OUT/gpu-$model.log" >&2
+      tail -n 5 "$OUT/gpu-$model.log" >&2
+    fi
+  done
+else
+  echo "== device_scale: no GPU: no GPU profiles" >&2
+fi
+
 JOBS=()
 for model in $MODELS; do
   for n in $RANKS; do
@@ -126,7 +163,8 @@ for model in $MODELS; do
     fi
   done
 done
-"$PY" scripts/scale_report.py "$OUT" "${JOBS[@]}" --measured-only \
+"$PY" scripts/scale_report.py "$OUT" ${JOBS[@]+"${JOBS[@]}"} --measured-only \
+  --gpu ${GPU_DONE[@]+"${GPU_DONE[@]}"} \
   --command "MODELS='$MODELS' RANKS='$RANKS' RATE=$RATE BUDGET_S=$BUDGET_S scripts/device_scale.sh" \
   --machine "$(nproc --all) cores; $("$PY" -c 'import torch; print("torch " + torch.__version__ + (", " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else ", no GPU"))')"
 echo "device_scale: wrote $OUT/README.md in $((SECONDS - START)) s" >&2

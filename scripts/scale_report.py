@@ -1,7 +1,7 @@
 """Writes benchmarks/scale/README.md from what scripts/bench_scale.sh left for each model: the
 2-rank measurement with its predictions (validation rows) and the simulator's sweep; or, with
---measured-only, benchmarks/scale/device/README.md from scripts/device_scale.sh's jobs (4 and 8
-ranks: validation rows alone).
+--measured-only, benchmarks/scale/device/README.md from scripts/device_scale.sh's output: the
+GPU profiles' sweeps (--gpu) and its jobs (4 and 8 ranks: validation rows alone).
 
     python scripts/scale_report.py benchmarks/scale resnet50 gpt2 --command "..."
     python scripts/scale_report.py benchmarks/scale/device resnet50-4ranks --measured-only \
@@ -87,14 +87,38 @@ def measured_section(root: str, job: str) -> list[str]:
             f"Profiles for `python -m commsched simulate`: `{job}/profiles/`.", ""]
 
 
-def device_lines(root: str, jobs: list[str], command: str, machine: str) -> list[str]:
-    """benchmarks/scale/device/README.md: what 4 and 8 ranks measured beside what each
-    candidate's own profile predicted."""
+def gpu_section(root: str, model: str) -> list[str]:
+    """One model's GPU profile (commsched.bench.device_profile): how it was recorded, its
+    compute against the plain step, and the sweep predicted from it."""
+    folder = os.path.join("gpu", model)
+    recording = _load(os.path.join(root, folder, "recording.json"))
+    simulated = _load(os.path.join(root, folder, "results.json"))
+    plot = os.path.join(folder, "scaling.png")
+    return [f"## {model} on the GPU", "",
+            f"Recorded: `{recording['command']}` ({recording['device_name']}, torch "
+            f"{recording['torch']}, batch {recording['batch_size']}, {recording['inputs']} "
+            "inputs, a world of one).", "",
+            "| plain step ms (free-running) | the profile's compute ms | error |",
+            "|---:|---:|---:|",
+            f"| {recording['plain_ms']:.1f} | {recording['profile_compute_ms']:.1f} | "
+            f"{100 * recording['error']:.1f}% |", "",
+            f"Predicted from `{folder}/profile.json`; scaling factor per policy:", "",
+            *sweep_lines(simulated), "",
+            f"Every policy and knob setting: [{folder}/table.md]({folder}/table.md)."
+            + (f" ![{model}]({plot})" if os.path.exists(os.path.join(root, plot)) else ""), ""]
+
+
+def device_lines(root: str, jobs: list[str], command: str, machine: str,
+                 gpu_models: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """benchmarks/scale/device/README.md: the GPU profiles and their sweeps, then what 4 and 8
+    ranks measured beside what each candidate's own profile predicted."""
     lines = ["# Scale measured on more ranks: validation of the simulator", "",
-             f"Command: `{command}`.", "", f"Machine: {machine}.", "",
-             "Each job times the candidates side by side on CPU ranks (one thread each), "
-             "gradients at full size and inputs reduced (docs/examples.md); each commsched "
-             "candidate's own profile then predicts its measured iteration.", ""]
+             f"Command: `{command}`.", "", f"Machine: {machine}.", ""]
+    for model in gpu_models:
+        lines += gpu_section(root, model)
+    lines += ["Each job below times the candidates side by side on CPU ranks (one thread each), "
+              "gradients at full size and inputs reduced (docs/examples.md); each commsched "
+              "candidate's own profile then predicts its measured iteration.", ""]
     if not jobs:
         return lines + ["No job finished: see the logs beside this file.", ""]
     for job in jobs:
@@ -110,11 +134,13 @@ def main() -> None:
     parser.add_argument("--measured-only", action="store_true",
                         help="the arguments after root are device_scale.sh's jobs")
     parser.add_argument("--machine", default="", help="for --measured-only: cores, torch, GPU")
+    parser.add_argument("--gpu", nargs="*", default=[], help="for --measured-only: the models "
+                        "with a GPU profile under ROOT/gpu/")
     args = parser.parse_args()
     if args.measured_only:
         with open(os.path.join(args.root, "README.md"), "w", encoding="utf-8") as handle:
             handle.write("\n".join(device_lines(args.root, args.models, args.command,
-                                                args.machine)))
+                                                args.machine, args.gpu)))
         return
     lines = ["# Scale by simulation, calibrated on measurement", "",
              f"Command: `{args.command}`.", "",

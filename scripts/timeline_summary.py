@@ -4,7 +4,8 @@ each collective's median duration by message size, over the iterations after `--
 
 With `--cycle TENSOR`, instead, one row per cycle after `--skip`, from one gradient of TENSOR
 to the next: the link's busy and idle time (no collective in flight), how long the training
-thread waited on the engine, and its update calls (in all, and the longest one).
+thread waited on the engine, its update calls (in all, and the longest one), and the link's
+longest idle stretch with the time from its end to the next gradient.
 
     python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 > summary.md
     python scripts/timeline_summary.py /tmp/tl.rank0.json --skip 8 --cycle classifier.0.weight
@@ -66,20 +67,41 @@ def _busy_ms(spans: list[dict[str, Any]], start: float, end: float) -> float:
     return busy / 1e3
 
 
+def _longest_idle(spans: list[dict[str, Any]], start: float, end: float) -> tuple[float, float]:
+    """The longest stretch between `start` and `end` with no collective in flight (µs)."""
+    reach, best = start, (start, start)
+    for x in sorted((x for x in spans if x["name"] in COLLECTIVES), key=lambda x: x["ts"]):
+        s, e = x["ts"], x["ts"] + x["dur"]
+        if e <= reach or s >= end:
+            continue
+        if s - reach > best[1] - best[0]:
+            best = (reach, s)
+        reach = e
+    return (reach, end) if end - reach > best[1] - best[0] else best
+
+
 def cycle_lines(events: list[dict[str, Any]], skip: int, tensor: str) -> list[str]:
-    """The table of `--cycle`: one row per gradient-to-gradient cycle of `tensor`."""
+    """The table of `--cycle`: one row per gradient-to-gradient cycle of `tensor`, with the
+    link's longest idle stretch and how long after its end the next gradient became ready
+    (0: the link idled until backward made one)."""
     spans = [e for e in events if e.get("ph") == "X"]
     readies = sorted(e["ts"] for e in events if e.get("name") == f"ready:{tensor}")[skip:]
+    every_ready = sorted(e["ts"] for e in events
+                         if e.get("ph") == "i" and str(e.get("name", "")).startswith("ready:"))
     lines = ["| cycle | ms | link busy ms | link idle ms | training thread waited ms "
-             "| updates ms | longest update ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| updates ms | longest update ms | longest link idle ms | its end to the next "
+             "gradient ms |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for index, (start, end) in enumerate(zip(readies, readies[1:], strict=False), start=1):
         inside = [e for e in spans if start <= e["ts"] < end]
         waited = sum(e["dur"] for e in inside if e["name"] == "wait") / 1e3
         updates = [e["dur"] / 1e3 for e in inside if e["name"] == "update"]
         busy = _busy_ms(spans, start, end)
+        idle = _longest_idle(spans, start, end)
+        after = next((r for r in every_ready if r > idle[0]), end)
         lines.append(f"| {index} | {(end - start) / 1e3:.0f} | {busy:.0f} | "
                      f"{(end - start) / 1e3 - busy:.0f} | {waited:.0f} | {sum(updates):.0f} | "
-                     f"{max(updates, default=0.0):.0f} |")
+                     f"{max(updates, default=0.0):.0f} | {(idle[1] - idle[0]) / 1e3:.0f} | "
+                     f"{round((after - idle[1]) / 1e3)} |")
     return lines
 
 

@@ -10,7 +10,9 @@ VGG-16 (its adaptive pooling keeps the classifier's 25088 inputs), sequences of 
 and GPT-2. A smaller input shortens compute against the same traffic, so a run here is more
 communication-bound than a GPU's at full resolution would be at the same link speed; the
 benchmark scripts shape the link so that `hvd` waits on communication for 40-70% of its
-iteration, the range a GPU cluster's bottleneck network gives.
+iteration, the range a GPU cluster's bottleneck network gives. On a GPU the inputs are the ones
+these models train on (`Inputs.FULL`: 224 x 224 images, 128 tokens for BERT as in its first
+pre-training phase, GPT-2's 1024-token context).
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ from torch import nn
 
 from . import vision
 
-SEQUENCE = 64
-IMAGE_SIDE = {"resnet50": 64, "vgg16": 32}
 CLASSES = 1000
+
+
+class Inputs(enum.StrEnum):
+    """How large one sample is (Note [Full gradients, reduced inputs])."""
+
+    REDUCED = "reduced"  # a CPU core's step in about a second
+    FULL = "full"  # what the model trains on, for a GPU
+
+
+IMAGE_SIDE = {Inputs.REDUCED: {"resnet50": 64, "vgg16": 32},
+              Inputs.FULL: {"resnet50": 224, "vgg16": 224}}
+SEQUENCE = {Inputs.REDUCED: {"bert": 64, "gpt2": 64}, Inputs.FULL: {"bert": 128, "gpt2": 1024}}
 
 
 class RealModel(enum.StrEnum):
@@ -84,15 +96,16 @@ def vocabulary(name: RealModel) -> int:
     return 30522 if name is RealModel.BERT else 50257
 
 
-def batch(name: RealModel, batch_size: int, step: int,
-          rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(name: RealModel, batch_size: int, step: int, rank: int,
+          inputs: Inputs = Inputs.REDUCED) -> tuple[torch.Tensor, torch.Tensor]:
     """Synthetic inputs and targets (Note [Full gradients, reduced inputs])."""
     gen = torch.Generator().manual_seed(10_000 * rank + step)
     if name in (RealModel.RESNET50, RealModel.VGG16):
-        side = IMAGE_SIDE[name.value]
+        side = IMAGE_SIDE[inputs][name.value]
         return (torch.randn(batch_size, 3, side, side, generator=gen),
                 torch.randint(0, CLASSES, (batch_size,), generator=gen))
-    tokens = torch.randint(0, vocabulary(name), (batch_size, SEQUENCE + 1), generator=gen)
+    length = SEQUENCE[inputs][name.value]
+    tokens = torch.randint(0, vocabulary(name), (batch_size, length + 1), generator=gen)
     return tokens[:, :-1], tokens[:, 1:]
 
 

@@ -5,7 +5,7 @@ Under a cross-iteration plan, a group's update waits in the next forward pass fo
 last block and then runs as one optimizer call. When the group holds a tensor that travels in
 many partitions (VGG-16's first classifier layer: 411 MB in 2 MiB blocks), that call is memory
 bound and sits on the critical cycle: the forward pass cannot go on until it ends, and the link
-idles meanwhile (benchmarks/real/vgg16/critical_cycle.md). The training thread spends the
+idles meanwhile (benchmarks/real/vgg16-6gbit/critical_cycle.md). The training thread spends the
 transfer waiting anyway, so the group is cut into pieces of at least PIECE_BYTES in plan order:
 the runner waits for one piece's blocks, steps that piece, then waits for the next, and only the
 last piece's step is left after the last block.

@@ -87,15 +87,29 @@ def use_offsets(run: RunProfile) -> list[float]:
             for t in run.tensors]
 
 
+def profile_compute_s(run: RunProfile) -> float:
+    """One iteration's compute in `run`: forward, backward, and the cheaper of the profiled
+    step and one optimizer call over every byte (sync plans pay step_s once; overlap plans one
+    call per update group, at least one). A world of one takes this long at best.
+
+    Args:
+        run: a profile.
+
+    Returns:
+        Seconds.
+    """
+    ready, _ = ready_offsets(run)
+    compute = compute_times(run, with_modules=run.has_module_info)
+    update = min(compute.step_s, compute.update.time(run.total_bytes))
+    return compute.before_first_ready_s + max(ready, default=0.0) + update
+
+
 def schedule_floor(run: RunProfile, net: Network) -> ScheduleFloor:
     ready, notes = ready_offsets(run)
     compute = compute_times(run, with_modules=run.has_module_info)
     total = run.total_bytes
     alpha, beta = cheapest_transfer(net)
-    backward = max(ready, default=0.0)
-    # Sync plans pay step_s once; overlap plans pay one call per update group, at least one.
-    update = min(compute.step_s, compute.update.time(total))
-    compute_s = compute.before_first_ready_s + backward + update
+    compute_s = profile_compute_s(run)
     allreduce = net.allreduce_model()
     naive = max(compute_s, allreduce.time(total)) if total else compute_s
     if not run.has_module_info:

@@ -1,0 +1,210 @@
+"""One real model's profile on one device, for the simulator (issue 55, item 4).
+
+A world of one steps the model at the inputs it trains on (`real_models.Inputs.FULL`) under
+commsched's `dear`, whose profile records the forward modules that the simulator's deadlines
+need, and keeps the end-of-run profile. Beside it, the plain optimizer's step is timed on the
+same device: the profile's compute against that step is the validation row. Then
+`python -m commsched simulate --profile DIR/profile.json` predicts any number of workers on any
+link from the device's own compute (scripts/device_scale.sh does both on a lent GPU).
+
+    python -m commsched.bench.device_profile --model resnet50 --device cuda --out DIR
+
+Writes DIR/profile.json (the profile) and DIR/recording.json (what was run, and the validation).
+
+Note [Device time on the host's clock]
+The profile's compute figures (before_first_ready_s, the modules' forward times, step_s) are
+stretches of the training thread on the host's clock (Note [Which clock] in
+runtime/profiler.py). On a GPU the host only enqueues kernels, so those stretches would time the
+launches, not the work. The recording therefore runs with CUDA_LAUNCH_BLOCKING=1: each launch
+returns once its kernel is done, and the host's clock times the device's work plus one launch
+latency per kernel. The variable must be set before CUDA starts, so the plain optimizer's
+free-running step, which it would slow down, is timed first in a child process without it.
+Their difference is the validation row's error: what blocking added, and what the profile
+misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import commsched
+
+from ..outputs import OutputPathError, prepare_dir
+from ..sim.floor import profile_compute_s
+from ..sim.profile import profile_from_document
+from .real_models import Inputs, RealModel, batch, build, loss_fn
+
+BLOCKING = "CUDA_LAUNCH_BLOCKING"
+# Per-device batches of common data-parallel recipes at Inputs.FULL.
+FULL_BATCH = {RealModel.RESNET50: 64, RealModel.VGG16: 64, RealModel.BERT: 32,
+              RealModel.GPT2: 8}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stepper(name: RealModel, model: torch.nn.Module, opt: torch.optim.Optimizer,
+             data: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], None]:
+    """One training step on one batch, kept on the device (the synthetic benchmarks' way: no
+    input copy in the step)."""
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(name, model(data[0]), data[1]).backward()
+        opt.step()
+    return step
+
+
+def _setup(name: RealModel, device: torch.device, batch_size: int,
+           inputs: Inputs) -> tuple[torch.nn.Module, torch.optim.Optimizer,
+                                    tuple[torch.Tensor, torch.Tensor]]:
+    model = build(name).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = batch(name, batch_size, 0, 0, inputs)
+    return model, opt, (x.to(device), y.to(device))
+
+
+def plain_step_ms(name: RealModel, device: torch.device, batch_size: int, inputs: Inputs,
+                  warmup: int, steps: int) -> float:
+    """The plain optimizer's median step, the device synchronised after each.
+
+    Args:
+        name: the model.
+        device: where it runs.
+        batch_size: samples per step.
+        inputs: their size.
+        warmup: untimed steps first.
+        steps: timed steps.
+
+    Returns:
+        Milliseconds.
+    """
+    model, opt, data = _setup(name, device, batch_size, inputs)
+    step = _stepper(name, model, opt, data)
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def record_profile(name: RealModel, device: torch.device, batch_size: int, inputs: Inputs,
+                   steps: int) -> dict:
+    """`dear`'s end-of-run profile after `steps` steps in a world of one.
+
+    Args:
+        name: the model.
+        device: where it runs.
+        batch_size: samples per step.
+        inputs: their size.
+        steps: steps in all (the profiling steps among them).
+
+    Returns:
+        The profile document (`python -m commsched simulate --profile` reads it).
+    """
+    model, opt, data = _setup(name, device, batch_size, inputs)
+    wrapped = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                             model=model, policy="dear")
+    step = _stepper(name, model, wrapped, data)
+    for _ in range(steps):
+        step()
+        _sync(device)
+    wrapped.flush()
+    document: dict = wrapped.session.profile_document()
+    wrapped.session.close()
+    return document
+
+
+def _free_running_ms(args: argparse.Namespace) -> float:
+    """plain_step_ms in a child process without CUDA_LAUNCH_BLOCKING (Note [Device time on the
+    host's clock])."""
+    env = {k: v for k, v in os.environ.items() if k != BLOCKING}
+    command = [sys.executable, "-m", __name__, "--model", args.model.value, "--device",
+               args.device, "--batch-size", str(args.batch_size), "--inputs", args.inputs.value,
+               "--plain-only"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True,
+                          timeout=600)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["plain_ms"])
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=RealModel, choices=list(RealModel), required=True)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help="samples per step (default: FULL_BATCH at full inputs, else 2)")
+    parser.add_argument("--inputs", type=Inputs, choices=list(Inputs), default=Inputs.FULL)
+    parser.add_argument("--steps", type=int, default=20, help="steps of the recording")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed plain steps")
+    parser.add_argument("--timed", type=int, default=20, help="timed plain steps")
+    parser.add_argument("--out", default="", help="directory for profile.json and "
+                        "recording.json (required unless --plain-only)")
+    parser.add_argument("--plain-only", action="store_true",
+                        help="print the plain step as JSON and stop (the child of the Note)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.batch_size:
+        args.batch_size = FULL_BATCH[args.model] if args.inputs is Inputs.FULL else 2
+    device = torch.device(args.device)
+    if args.plain_only:
+        ms = plain_step_ms(args.model, device, args.batch_size, args.inputs, args.warmup,
+                           args.timed)
+        print(json.dumps({"plain_ms": ms}))
+        return 0
+    try:
+        if not args.out:
+            raise OutputPathError("--out is required")
+        prepare_dir(args.out, "--out")
+    except OutputPathError as err:
+        print(f"device_profile: {err}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    blocking = device.type == "cuda"
+    if blocking:  # before CUDA starts in this process (Note [Device time on the host's clock])
+        plain_ms = _free_running_ms(args)
+        os.environ[BLOCKING] = "1"
+    else:
+        plain_ms = plain_step_ms(args.model, device, args.batch_size, args.inputs,
+                                 args.warmup, args.timed)
+    commsched.init()
+    document = record_profile(args.model, device, args.batch_size, args.inputs, args.steps)
+    compute_ms = 1e3 * profile_compute_s(profile_from_document(document))
+    commsched.shutdown()
+    recording = {
+        "model": args.model.value, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if blocking else platform.processor(),
+        "torch": torch.__version__, "batch_size": args.batch_size, "inputs": args.inputs.value,
+        "steps": args.steps, "launch_blocking": blocking, "plain_ms": plain_ms,
+        "profile_compute_ms": compute_ms, "error": abs(compute_ms - plain_ms) / plain_ms,
+        "command": "python -m commsched.bench.device_profile " + " ".join(argv or sys.argv[1:])}
+    with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
+    with open(os.path.join(args.out, "recording.json"), "w", encoding="utf-8") as handle:
+        json.dump(recording, handle, indent=1)
+    print(f"device_profile: {args.model.value} on {recording['device_name'] or device}: plain "
+          f"step {plain_ms:.1f} ms, the profile's compute {compute_ms:.1f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
