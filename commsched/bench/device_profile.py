@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     commsched.shutdown()
     recording = {
         "model": args.model.value, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if blocking else platform.processor(),
+        "device_name": torch.cuda.get_device_name(device) if blocking
+        else platform.processor() or "CPU",
         "torch": torch.__version__, "batch_size": args.batch_size, "inputs": args.inputs.value,
         "steps": args.steps, "launch_blocking": blocking, "plain_ms": plain_ms,
         "profile_compute_ms": compute_ms, "error": abs(compute_ms - plain_ms) / plain_ms,
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(document, handle)
     with open(os.path.join(args.out, "recording.json"), "w", encoding="utf-8") as handle:
         json.dump(recording, handle, indent=1)
-    print(f"device_profile: {args.model.value} on {recording['device_name'] or device}: plain "
+    print(f"device_profile: {args.model.value} on {recording['device_name']}: plain "
           f"step {plain_ms:.1f} ms, the profile's compute {compute_ms:.1f} ms", flush=True)
     return 0
 

@@ -14,8 +14,8 @@ def _span(name: str, ts: float, dur: float, tid: int = 3, **args: Any) -> dict[s
     return {"name": name, "ph": "X", "ts": ts, "dur": dur, "tid": tid, "args": args}
 
 
-def _ready(ts: float) -> dict[str, Any]:
-    return {"name": "ready:fc.weight", "ph": "i", "ts": ts}
+def _ready(ts: float, tensor: str = "fc.weight") -> dict[str, Any]:
+    return {"name": f"ready:{tensor}", "ph": "i", "ts": ts}
 
 
 def test_a_cycle_shows_the_idle_link_the_waits_and_the_updates() -> None:
@@ -25,12 +25,16 @@ def test_a_cycle_shows_the_idle_link_the_waits_and_the_updates() -> None:
               _span("allreduce", 300_000, 300_000, tid=2, bytes=8),
               _span("wait", 100_000, 550_000), _span("wait", 20_000, 10_000),
               _span("update", 650_000, 100_000), _span("update", 660_000, 5_000, tid=9),
-              # second cycle: the link busy 1000-1500 ms, the wait ends at 1500 ms, no update
+              # second cycle: the link busy 1000-1500 and 1700-1800 ms, the wait ends at
+              # 1500 ms, no update; conv's gradient at 1650 ms, 50 ms before the link takes it
               _span("allreduce", 1_000_000, 500_000, tid=2, bytes=8),
-              _span("wait", 1_200_000, 300_000)]
+              _span("allreduce", 1_700_000, 100_000, tid=2, bytes=8),
+              _span("wait", 1_200_000, 300_000), _ready(1_650_000, "conv.weight")]
     lines = summary.cycle_lines(events, skip=0, tensor="fc.weight")
-    assert lines[2:] == ["| 1 | 1000 | 600 | 400 | 560 | 105 | 100 |",
-                         "| 2 | 900 | 500 | 400 | 300 | 0 | 0 |"]
+    # The first cycle's link idles 600-1000 ms, until fc's next gradient (0); the second's
+    # longest idle stretch, 1500-1700 ms, outlasts conv's gradient by 50 ms (-50).
+    assert lines[2:] == ["| 1 | 1000 | 600 | 400 | 560 | 105 | 100 | 400 | 0 |",
+                         "| 2 | 900 | 600 | 300 | 300 | 0 | 0 | 200 | -50 |"]
 
 
 def test_cycles_before_skip_are_left_out() -> None:
