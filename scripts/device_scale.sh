@@ -23,7 +23,7 @@
 # step timed beside the profile's compute, Note [Device time on the host's clock]) and the
 # simulator predicts 8 to 256 workers at 10, 25 and 100 Gbit/s from that profile:
 # $OUT/gpu/<model>/{profile,recording,results}.json, table.md (scaling.png where matplotlib is).
-# These go first, within $GPU_BUDGET_S (default 180) of the budget.
+# These go first, within $GPU_BUDGET_S (default 150) of $BUDGET_S.
 #
 # Python: .venv/bin/python where scripts/setup.sh made one, else python3 (the GPU machines'
 # image), whose build of commsched._C goes in place, as in scripts/gpu_check.sh.
@@ -43,7 +43,7 @@ fi
 OUT="${OUT:-benchmarks/scale/device}"
 MODELS="${MODELS:-resnet50 gpt2}"
 GPU_MODELS="${GPU_MODELS:-resnet50 vgg16 bert gpt2}"
-GPU_BUDGET_S="${GPU_BUDGET_S:-180}"
+GPU_BUDGET_S="${GPU_BUDGET_S:-150}"
 RANKS="${RANKS:-4 8}"
 RATE="${RATE:-10gbit}"
 BUDGET_S="${BUDGET_S:-450}"
@@ -116,8 +116,9 @@ GPU_DONE=()
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   PLOT=()
   "$PY" -c "import matplotlib" 2>/dev/null && PLOT=(--plot)
+  GPU_START=$SECONDS
   for model in $GPU_MODELS; do
-    left=$((GPU_BUDGET_S - (SECONDS - START)))
+    left=$((GPU_BUDGET_S - (SECONDS - GPU_START)))
     if [ "$left" -le 20 ]; then
       echo "== device_scale: $model's GPU profile skipped: ${GPU_BUDGET_S} s spent" >&2; continue
     fi
