@@ -112,31 +112,41 @@ fi
 echo "== device_scale: $LINK" >&2
 
 mkdir -p "$OUT"
+# Seconds left of budget $1 counted from $2, or a line saying $4 was skipped (at most $3 left).
+time_left() {  # budget since minimum what
+  local left=$(($1 - (SECONDS - $2)))
+  if [ "$left" -le "$3" ]; then
+    echo "== device_scale: $4 skipped: $1 s spent" >&2; return 1
+  fi
+  echo "$left"
+}
+# Runs the rest of the line with its output in log; when it fails, says so with the log's tail.
+logged() {  # what log command...
+  local what="$1" log="$2"; shift 2
+  echo "== device_scale: $what" >&2
+  "$@" > "$log" 2>&1 && return 0
+  echo "== device_scale: $what failed or ran out of time; see $log" >&2
+  tail -n 5 "$log" >&2; return 1
+}
+gpu_profile() {  # model dir seconds
+  timeout --kill-after=10 "$3" "$PY" -m commsched.bench.device_profile --model "$1" \
+    --device cuda --out "$2" \
+  && "$PY" -m commsched simulate --profile "$2/profile.json" \
+    --workers 8,16,32,64,128,256 --bandwidth 10gbit,25gbit,100gbit --latency 20us \
+    --algorithm ring --policy all --compression 1,powersgd:4 --json "$2/results.json" \
+    --markdown "$2/table.md" ${PLOT[@]+"${PLOT[@]}" "$2/scaling.png"}
+}
+
 GPU_DONE=()
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   PLOT=()
   "$PY" -c "import matplotlib" 2>/dev/null && PLOT=(--plot)
   GPU_START=$SECONDS
   for model in $GPU_MODELS; do
-    left=$((GPU_BUDGET_S - (SECONDS - GPU_START)))
-    if [ "$left" -le 20 ]; then
-      echo "== device_scale: $model's GPU profile skipped: ${GPU_BUDGET_S} s spent" >&2; continue
-    fi
-    dir="$OUT/gpu/$model"
-    rm -rf "$dir"
-    echo "== device_scale: $model's GPU profile (at most $left s)" >&2
-    if timeout --kill-after=10 "$left" "$PY" -m commsched.bench.device_profile --model "$model" \
-        --device cuda --out "$dir" > "$OUT/gpu-$model.log" 2>&1 \
-      && "$PY" -m commsched simulate --profile "$dir/profile.json" \
-        --workers 8,16,32,64,128,256 --bandwidth 10gbit,25gbit,100gbit --latency 20us \
-        --algorithm ring --policy all --compression 1,powersgd:4 --json "$dir/results.json" \
-        --markdown "$dir/table.md" ${PLOT[@]+"${PLOT[@]}" "$dir/scaling.png"} \
-        >> "$OUT/gpu-$model.log" 2>&1; then
-      GPU_DONE+=("$model")
-    else
-      echo "== device_scale: $model's GPU profile failed; see $OUT/gpu-$model.log" >&2
-      tail -n 5 "$OUT/gpu-$model.log" >&2
-    fi
+    left="$(time_left "$GPU_BUDGET_S" "$GPU_START" 20 "$model's GPU profile")" || continue
+    rm -rf "$OUT/gpu/$model"
+    logged "$model's GPU profile (at most $left s)" "$OUT/gpu-$model.log" \
+      gpu_profile "$model" "$OUT/gpu/$model" "$left" && GPU_DONE+=("$model")
   done
 else
   echo "== device_scale: no GPU: no GPU profiles" >&2
@@ -145,23 +155,15 @@ fi
 JOBS=()
 for model in $MODELS; do
   for n in $RANKS; do
-    left=$((BUDGET_S - (SECONDS - START)))
-    if [ "$left" -le 30 ]; then
-      echo "== device_scale: $model on $n ranks skipped: ${BUDGET_S} s budget spent" >&2; continue
-    fi
+    left="$(time_left "$BUDGET_S" "$START" 30 "$model on $n ranks")" || continue
     dir="$OUT/$model-${n}ranks"
     rm -rf "$dir"
-    echo "== device_scale: $model on $n ranks (at most $left s)" >&2
-    if timeout --kill-after=10 "$left" "${LAUNCH[@]}" "$PY" -m torch.distributed.run --standalone \
-        --nproc_per_node="$n" -m commsched.bench.compare --model "$model" \
+    logged "$model on $n ranks (at most $left s)" "$OUT/$model-${n}ranks.log" \
+      timeout --kill-after=10 "$left" ${LAUNCH[@]+"${LAUNCH[@]}"} "$PY" -m torch.distributed.run \
+        --standalone --nproc_per_node="$n" -m commsched.bench.compare --model "$model" \
         --batch-size "${BATCH[$model]}" --candidates "$CANDIDATES" --warmup "$WARMUP" \
         --rounds "$ROUND_COUNT" --steps "$STEPS" --predict-dir "$dir/profiles" \
-        --link-note "$LINK" --out "$dir" > "$OUT/$model-${n}ranks.log" 2>&1; then
-      JOBS+=("$model-${n}ranks")
-    else
-      echo "== device_scale: $model on $n ranks failed or ran out of time; see $OUT/$model-${n}ranks.log" >&2
-      tail -n 5 "$OUT/$model-${n}ranks.log" >&2
-    fi
+        --link-note "$LINK" --out "$dir" && JOBS+=("$model-${n}ranks")
   done
 done
 "$PY" scripts/scale_report.py "$OUT" ${JOBS[@]+"${JOBS[@]}"} --measured-only \
