@@ -17,10 +17,11 @@ stretches of the training thread on the host's clock (Note [Which clock] in
 runtime/profiler.py). On a GPU the host only enqueues kernels, so those stretches would time the
 launches, not the work. The recording therefore runs with CUDA_LAUNCH_BLOCKING=1: each launch
 returns once its kernel is done, and the host's clock times the device's work plus one launch
-latency per kernel. The variable must be set before CUDA starts, so the plain optimizer's
-free-running step, which it would slow down, is timed first in a child process without it.
-Their difference is the validation row's error: what blocking added, and what the profile
-misses.
+latency per kernel. The variable is read when CUDA starts (even `torch.cuda.is_available()`
+may start it), so the recording runs in a child process started with it, and the plain
+optimizer's free-running step, which it would slow down, in another child without it; the
+parent only reads what they wrote. Their difference is the validation row's error: what
+blocking added, and what the profile misses.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..sim.profile import profile_from_document
 from .real_models import Inputs, RealModel, batch, build, loss_fn
 
 BLOCKING = "CUDA_LAUNCH_BLOCKING"
+MODULE = "commsched.bench.device_profile"  # __name__ is "__main__" under -m
 # Per-device batches of common data-parallel recipes at Inputs.FULL.
 FULL_BATCH = {RealModel.RESNET50: 64, RealModel.VGG16: 64, RealModel.BERT: 32,
               RealModel.GPT2: 8}
@@ -131,23 +133,31 @@ def record_profile(name: RealModel, device: torch.device, batch_size: int, input
     return document
 
 
-def _free_running_ms(args: argparse.Namespace) -> float:
-    """plain_step_ms in a child process without CUDA_LAUNCH_BLOCKING (Note [Device time on the
-    host's clock])."""
+def _child(args: argparse.Namespace, role: str, blocking: bool) -> str:
+    """Runs this module again as `role` (--plain-only or --record-only) with
+    CUDA_LAUNCH_BLOCKING=1 when `blocking`, and without it otherwise: a process that has
+    started CUDA cannot change it (Note [Device time on the host's clock]). Returns its stdout.
+    """
     env = {k: v for k, v in os.environ.items() if k != BLOCKING}
-    command = [sys.executable, "-m", __name__, "--model", args.model.value, "--device",
+    if blocking:
+        env[BLOCKING] = "1"
+    command = [sys.executable, "-m", MODULE, "--model", args.model.value, "--device",
                args.device, "--batch-size", str(args.batch_size), "--inputs", args.inputs.value,
-               "--plain-only"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True,
-                          timeout=600)
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["plain_ms"])
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--timed",
+               str(args.timed), "--out", args.out, role]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"device_profile: {role} failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=RealModel, choices=list(RealModel), required=True)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="", help="cuda where torch sees a GPU, else cpu")
     parser.add_argument("--batch-size", type=int, default=0,
                         help="samples per step (default: FULL_BATCH at full inputs, else 2)")
     parser.add_argument("--inputs", type=Inputs, choices=list(Inputs), default=Inputs.FULL)
@@ -155,21 +165,34 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=5, help="untimed plain steps")
     parser.add_argument("--timed", type=int, default=20, help="timed plain steps")
     parser.add_argument("--out", default="", help="directory for profile.json and "
-                        "recording.json (required unless --plain-only)")
-    parser.add_argument("--plain-only", action="store_true",
-                        help="print the plain step as JSON and stop (the child of the Note)")
+                        "recording.json")
+    role = parser.add_mutually_exclusive_group()  # the children of the Note
+    role.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)
+    role.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def _as_child(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    device = torch.device(args.device)
+    if args.plain_only:
+        ms = plain_step_ms(args.model, device, args.batch_size, args.inputs, args.warmup,
+                           args.timed)
+        print(json.dumps({"plain_ms": ms}))
+        return
+    commsched.init()
+    document = record_profile(args.model, device, args.batch_size, args.inputs, args.steps)
+    commsched.shutdown()
+    with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.batch_size:
         args.batch_size = FULL_BATCH[args.model] if args.inputs is Inputs.FULL else 2
-    device = torch.device(args.device)
-    if args.plain_only:
-        ms = plain_step_ms(args.model, device, args.batch_size, args.inputs, args.warmup,
-                           args.timed)
-        print(json.dumps({"plain_ms": ms}))
+    if args.plain_only or args.record_only:
+        _as_child(args)
         return 0
     try:
         if not args.out:
@@ -178,28 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     except OutputPathError as err:
         print(f"device_profile: {err}", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)
-    blocking = device.type == "cuda"
-    if blocking:  # before CUDA starts in this process (Note [Device time on the host's clock])
-        plain_ms = _free_running_ms(args)
-        os.environ[BLOCKING] = "1"
-    else:
-        plain_ms = plain_step_ms(args.model, device, args.batch_size, args.inputs,
-                                 args.warmup, args.timed)
-    commsched.init()
-    document = record_profile(args.model, device, args.batch_size, args.inputs, args.steps)
-    compute_ms = 1e3 * profile_compute_s(profile_from_document(document))
-    commsched.shutdown()
+    # From here on this process only reads what its children measured.
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    blocking = torch.device(args.device).type == "cuda"
+    plain_ms = float(json.loads(_child(args, "--plain-only", False).splitlines()[-1])["plain_ms"])
+    _child(args, "--record-only", blocking)
+    with open(os.path.join(args.out, "profile.json"), encoding="utf-8") as handle:
+        compute_ms = 1e3 * profile_compute_s(profile_from_document(json.load(handle)))
     recording = {
-        "model": args.model.value, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if blocking
+        "model": args.model.value, "device": args.device,
+        "device_name": torch.cuda.get_device_name(args.device) if blocking
         else platform.processor() or "CPU",
         "torch": torch.__version__, "batch_size": args.batch_size, "inputs": args.inputs.value,
         "steps": args.steps, "launch_blocking": blocking, "plain_ms": plain_ms,
         "profile_compute_ms": compute_ms, "error": abs(compute_ms - plain_ms) / plain_ms,
-        "command": "python -m commsched.bench.device_profile " + " ".join(argv or sys.argv[1:])}
-    with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as handle:
-        json.dump(document, handle)
+        "command": f"python -m {MODULE} " + " ".join(argv or sys.argv[1:])}
     with open(os.path.join(args.out, "recording.json"), "w", encoding="utf-8") as handle:
         json.dump(recording, handle, indent=1)
     print(f"device_profile: {args.model.value} on {recording['device_name']}: plain "

@@ -90,3 +90,24 @@ def test_full_inputs_are_what_the_models_train_on() -> None:
 def test_a_recording_without_out_is_refused() -> None:
     done = _run("-m", "commsched.bench.device_profile", "--model", "resnet50", "--device", "cpu")
     assert done.returncode == 2 and "--out is required" in done.stderr
+
+
+def test_only_the_recording_child_blocks_its_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Device time on the host's clock]: the variable reaches the recording's process
+    only, never the plain step's, even when the parent has it."""
+    from commsched.bench import device_profile
+
+    seen: dict[str, dict[str, str]] = {}
+
+    def fake_run(command: list[str], env: dict[str, str], **_: object) -> object:
+        seen[command[-1]] = env
+        return subprocess.CompletedProcess(command, 0, stdout='{"plain_ms": 1.0}\n', stderr="")
+
+    monkeypatch.setattr(device_profile.subprocess, "run", fake_run)
+    monkeypatch.setenv(device_profile.BLOCKING, "1")
+    args = device_profile._parser().parse_args(
+        ["--model", "gpt2", "--device", "cuda", "--batch-size", "8", "--out", "x"])
+    device_profile._child(args, "--plain-only", blocking=False)
+    device_profile._child(args, "--record-only", blocking=True)
+    assert device_profile.BLOCKING not in seen["--plain-only"]
+    assert seen["--record-only"][device_profile.BLOCKING] == "1"
