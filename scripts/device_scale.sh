@@ -23,7 +23,7 @@
 # step timed beside the profile's compute, Note [Device time on the host's clock]) and the
 # simulator predicts 8 to 256 workers at 10, 25 and 100 Gbit/s from that profile:
 # $OUT/gpu/<model>/{profile,recording,results}.json, table.md (scaling.png where matplotlib is).
-# These go first, within $GPU_BUDGET_S (default 150) of $BUDGET_S.
+# These go first, within $GPU_BUDGET_S (default 200) of $BUDGET_S.
 #
 # Python: .venv/bin/python where scripts/setup.sh made one, else python3 (the GPU machines'
 # image), whose build of commsched._C goes in place, as in scripts/gpu_check.sh.
@@ -43,7 +43,7 @@ fi
 OUT="${OUT:-benchmarks/scale/device}"
 MODELS="${MODELS:-resnet50 gpt2}"
 GPU_MODELS="${GPU_MODELS:-resnet50 vgg16 bert gpt2}"
-GPU_BUDGET_S="${GPU_BUDGET_S:-150}"
+GPU_BUDGET_S="${GPU_BUDGET_S:-200}"
 RANKS="${RANKS:-4 8}"
 RATE="${RATE:-10gbit}"
 BUDGET_S="${BUDGET_S:-450}"
@@ -128,10 +128,12 @@ logged() {  # what log command...
   echo "== device_scale: $what failed or ran out of time; see $log" >&2
   tail -n 5 "$log" >&2; return 1
 }
-gpu_profile() {  # model dir seconds
+gpu_profile() {  # model dir seconds: the recording and the sweep, both within the seconds
+  local end=$((SECONDS + $3))
   timeout --kill-after=10 "$3" "$PY" -m commsched.bench.device_profile --model "$1" \
     --device cuda --out "$2" \
-  && "$PY" -m commsched simulate --profile "$2/profile.json" \
+  && timeout --kill-after=10 "$((end - SECONDS))" "$PY" -m commsched simulate \
+    --profile "$2/profile.json" \
     --workers 8,16,32,64,128,256 --bandwidth 10gbit,25gbit,100gbit --latency 20us \
     --algorithm ring --policy all --compression 1,powersgd:4 --json "$2/results.json" \
     --markdown "$2/table.md" ${PLOT[@]+"${PLOT[@]}" "$2/scaling.png"}
@@ -143,7 +145,10 @@ if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
   "$PY" -c "import matplotlib" 2>/dev/null && PLOT=(--plot)
   GPU_START=$SECONDS
   for model in $GPU_MODELS; do
-    left="$(time_left "$GPU_BUDGET_S" "$GPU_START" 20 "$model's GPU profile")" || continue
+    # Within both budgets: the GPU profiles' own, and what the build left of the whole run's.
+    left="$(time_left "$GPU_BUDGET_S" "$GPU_START" 60 "$model's GPU profile")" || continue
+    whole="$(time_left "$BUDGET_S" "$START" 60 "$model's GPU profile")" || continue
+    [ "$whole" -lt "$left" ] && left="$whole"
     rm -rf "$OUT/gpu/$model"
     logged "$model's GPU profile (at most $left s)" "$OUT/gpu-$model.log" \
       gpu_profile "$model" "$OUT/gpu/$model" "$left" && GPU_DONE+=("$model")

@@ -83,7 +83,9 @@ def _longest_idle(spans: list[dict[str, Any]], start: float, end: float) -> tupl
 def cycle_lines(events: list[dict[str, Any]], skip: int, tensor: str) -> list[str]:
     """The table of `--cycle`: one row per gradient-to-gradient cycle of `tensor`, with the
     link's longest idle stretch and how long after its end the next gradient became ready
-    (0: the link idled until backward made one; below 0: it idled that long with one ready)."""
+    (0: the link idled until backward made one; above 0: the stretch ended on a gradient held
+    from before it; below 0: it idled that long with one ready). Only gradients made during the
+    stretch count: one held back from before it is not seen as ready."""
     spans = [e for e in events if e.get("ph") == "X"]
     readies = sorted(e["ts"] for e in events if e.get("name") == f"ready:{tensor}")[skip:]
     every_ready = sorted(e["ts"] for e in events

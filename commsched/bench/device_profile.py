@@ -153,6 +153,12 @@ def _child(args: argparse.Namespace, role: str, blocking: bool) -> str:
     return done.stdout
 
 
+def _last_json(stdout: str) -> dict:
+    """The JSON object a child printed last (a library may print before it)."""
+    document: dict = json.loads(stdout.strip().splitlines()[-1])
+    return document
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,6 +191,9 @@ def _as_child(args: argparse.Namespace) -> None:
     commsched.shutdown()
     with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as handle:
         json.dump(document, handle)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" \
+        else platform.processor() or "CPU"
+    print(json.dumps({"device_name": name}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,17 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     except OutputPathError as err:
         print(f"device_profile: {err}", file=sys.stderr)
         return 2
-    # From here on this process only reads what its children measured.
+    # This process only reads what its children measured (asking whether there is a GPU may
+    # start CUDA here, which is why they are children).
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     blocking = torch.device(args.device).type == "cuda"
-    plain_ms = float(json.loads(_child(args, "--plain-only", False).splitlines()[-1])["plain_ms"])
-    _child(args, "--record-only", blocking)
+    plain_ms = float(_last_json(_child(args, "--plain-only", False))["plain_ms"])
+    device_name = str(_last_json(_child(args, "--record-only", blocking))["device_name"])
     with open(os.path.join(args.out, "profile.json"), encoding="utf-8") as handle:
         compute_ms = 1e3 * profile_compute_s(profile_from_document(json.load(handle)))
     recording = {
         "model": args.model.value, "device": args.device,
-        "device_name": torch.cuda.get_device_name(args.device) if blocking
-        else platform.processor() or "CPU",
+        "device_name": device_name,
         "torch": torch.__version__, "batch_size": args.batch_size, "inputs": args.inputs.value,
         "steps": args.steps, "launch_blocking": blocking, "plain_ms": plain_ms,
         "profile_compute_ms": compute_ms, "error": abs(compute_ms - plain_ms) / plain_ms,

@@ -61,6 +61,7 @@ def test_the_recording_sets_the_profile_beside_the_plain_step(recorded: str) -> 
         compute_ms = 1e3 * profile_compute_s(profile_from_document(json.load(f)))
     assert recording["profile_compute_ms"] == pytest.approx(compute_ms)
     assert recording["launch_blocking"] is False  # only CUDA blocks its launches
+    assert recording["device_name"]  # from the recording's own process
     assert (recording["model"], recording["batch_size"], recording["inputs"]) == \
         ("resnet50", 2, "reduced")
     # Same model, same batch, same core: the profile's forward, backward and update come to
@@ -101,7 +102,7 @@ def test_only_the_recording_child_blocks_its_launches(monkeypatch: pytest.Monkey
 
     def fake_run(command: list[str], env: dict[str, str], **_: object) -> object:
         seen[command[-1]] = env
-        return subprocess.CompletedProcess(command, 0, stdout='{"plain_ms": 1.0}\n', stderr="")
+        return subprocess.CompletedProcess(command, 0, stdout="{}\n", stderr="")
 
     monkeypatch.setattr(device_profile.subprocess, "run", fake_run)
     monkeypatch.setenv(device_profile.BLOCKING, "1")
