@@ -151,7 +151,9 @@ def main() -> None:
              "then gave the sweep. A GPU computes these models many times faster than a CPU core, "
              "so on a GPU the same links leave far more of the iteration to communication: "
              "these rows show the policies on this CPU's compute, not a GPU cluster's scaling. "
-             "GPU profiles of these models have not been recorded yet.", "",
+             "GPU profiles of these models have not been recorded yet: scripts/device_scale.sh "
+             "records them (commsched.bench.device_profile) and sweeps from them where a GPU "
+             "is lent, into benchmarks/scale/device/.", "",
              "Scaling factor: one worker's iteration time over n workers' (1.0: perfect). "
              "`ddp` is commsched's DDP-bucket policy, the simulator's stand-in for PyTorch DDP.",
              ""]
