@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from ..plan import Collective
 from .network import Network
 from .profile import RunProfile, ready_offsets
-from .timing import compute_times
+from .timing import ComputeTimes, compute_times
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,13 @@ def profile_compute_s(run: RunProfile) -> float:
         Seconds.
     """
     ready, _ = ready_offsets(run)
-    compute = compute_times(run, with_modules=run.has_module_info)
-    update = min(compute.step_s, compute.update.time(run.total_bytes))
+    return _compute_s(compute_times(run, with_modules=run.has_module_info), ready,
+                      run.total_bytes)
+
+
+def _compute_s(compute: ComputeTimes, ready: list[float], total_bytes: int) -> float:
+    """profile_compute_s from what schedule_floor has already read of the profile."""
+    update = min(compute.step_s, compute.update.time(total_bytes))
     return compute.before_first_ready_s + max(ready, default=0.0) + update
 
 
@@ -109,7 +114,7 @@ def schedule_floor(run: RunProfile, net: Network) -> ScheduleFloor:
     compute = compute_times(run, with_modules=run.has_module_info)
     total = run.total_bytes
     alpha, beta = cheapest_transfer(net)
-    compute_s = profile_compute_s(run)
+    compute_s = _compute_s(compute, ready, total)
     allreduce = net.allreduce_model()
     naive = max(compute_s, allreduce.time(total)) if total else compute_s
     if not run.has_module_info:
