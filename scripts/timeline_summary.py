@@ -55,29 +55,18 @@ def summary_lines(events: list[dict[str, Any]], skip: int) -> list[str]:
     return lines
 
 
-def _busy_ms(spans: list[dict[str, Any]], start: float, end: float) -> float:
-    """How long at least one collective was in flight between `start` and `end` (µs in)."""
-    inside = [x for x in spans
-              if x["name"] in COLLECTIVES and x["ts"] < end and x["ts"] + x["dur"] > start]
-    busy, reach = 0.0, start
-    for s, e in sorted((max(x["ts"], start), min(x["ts"] + x["dur"], end)) for x in inside):
-        if e > reach:
-            busy += e - max(s, reach)
-            reach = e
-    return busy / 1e3
-
-
-def _longest_idle(spans: list[dict[str, Any]], start: float, end: float) -> tuple[float, float]:
-    """The longest stretch between `start` and `end` with no collective in flight (µs)."""
-    reach, best = start, (start, start)
-    for x in sorted((x for x in spans if x["name"] in COLLECTIVES), key=lambda x: x["ts"]):
-        s, e = x["ts"], x["ts"] + x["dur"]
-        if e <= reach or s >= end:
-            continue
-        if s - reach > best[1] - best[0]:
-            best = (reach, s)
-        reach = e
-    return (reach, end) if end - reach > best[1] - best[0] else best
+def _idle_stretches(spans: list[dict[str, Any]], start: float,
+                    end: float) -> list[tuple[float, float]]:
+    """The stretches between `start` and `end` with no collective in flight (µs), in order."""
+    stretches, reach = [], start
+    for x in sorted((x for x in spans if x["name"] in COLLECTIVES
+                     and x["ts"] < end and x["ts"] + x["dur"] > start), key=lambda x: x["ts"]):
+        if x["ts"] > reach:
+            stretches.append((reach, x["ts"]))
+        reach = max(reach, x["ts"] + x["dur"])
+    if end > reach:
+        stretches.append((reach, end))
+    return stretches
 
 
 def cycle_lines(events: list[dict[str, Any]], skip: int, tensor: str) -> list[str]:
@@ -97,8 +86,9 @@ def cycle_lines(events: list[dict[str, Any]], skip: int, tensor: str) -> list[st
         inside = [e for e in spans if start <= e["ts"] < end]
         waited = sum(e["dur"] for e in inside if e["name"] == "wait") / 1e3
         updates = [e["dur"] / 1e3 for e in inside if e["name"] == "update"]
-        busy = _busy_ms(spans, start, end)
-        idle = _longest_idle(spans, start, end)
+        stretches = _idle_stretches(spans, start, end)
+        busy = ((end - start) - sum(e - s for s, e in stretches)) / 1e3
+        idle = max(stretches, key=lambda stretch: stretch[1] - stretch[0], default=(start, start))
         after = next((r for r in every_ready if r > idle[0]), end)
         lines.append(f"| {index} | {(end - start) / 1e3:.0f} | {busy:.0f} | "
                      f"{(end - start) / 1e3 - busy:.0f} | {waited:.0f} | {sum(updates):.0f} | "
