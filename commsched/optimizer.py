@@ -37,6 +37,17 @@ _SHARDED_STEP = (
     "reduce-scatters and takes no closure and no skip_synchronize()")
 
 
+# Note [zero_grad after a deferred step]
+# Under an overlap plan, step() took every gradient out of p.grad (the runner holds
+# them until their update in the next forward pass), so the zero_grad() of a training
+# loop finds nothing to clear; torch's own still costs a profiler range and a loop over
+# the parameters (a few percent of the built-in MLP's iteration on this project's CPU;
+# figures: benchmarks/notes/README.md, 'zero_grad after a deferred step'). It is left
+# out whenever it could change nothing: no parameter has a gradient (one C++ pass over
+# the param groups, which stops at the first gradient it finds) and the optimizer class
+# keeps torch's zero_grad.
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The wrapper's methods, mixed in front of the user's optimizer class.
 
@@ -50,7 +61,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _cs_setup(self, session: Session, native_amp_scaling: bool) -> None:
         self.session = session
         self._cs_protocol = StepProtocol(native_amp_scaling)
-        # See Note [zero_grad after a deferred step] in zero_grad().
+        # See Note [zero_grad after a deferred step] (above the class).
         self._cs_torch_zero_grad = session.base_cls.zero_grad is torch.optim.Optimizer.zero_grad
 
     @property
@@ -86,6 +97,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         one entry per plan it installed and what it measured (docs/policies.md, "auto").
         """
         return self.session.lifecycle.auto
+
+    @property
+    def plan_settled(self) -> bool:
+        """Whether the plan that stays runs now: profiling, the re-plan from the policy's own
+        iterations and ``auto``'s trials are over (docs/policies.md); time steady steps after it
+        turns True. A compressor's start or top-k's next warm-up stage unsettles it."""
+        return self.session.lifecycle.sampling.settled
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -308,15 +326,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 before zero_grad() to keep them.
         """
         self._cs_protocol.before_zero_grad(self.session)
-        # Note [zero_grad after a deferred step]
-        # Under an overlap plan, step() took every gradient out of p.grad (the runner holds
-        # them until their update in the next forward pass), so the zero_grad() of a training
-        # loop finds nothing to clear; torch's own still costs a profiler range and a loop over
-        # the parameters (a few percent of the built-in MLP's iteration on this project's CPU;
-        # figures: benchmarks/notes/README.md, 'zero_grad after a deferred step'). It is left
-        # out whenever it could change nothing: no parameter has a gradient (one C++ pass over
-        # the param groups, which stops at the first gradient it finds) and the optimizer class
-        # keeps torch's zero_grad.
+        # Note [zero_grad after a deferred step] (above the class)
         if self._cs_torch_zero_grad and _C.no_grads(self.param_groups):
             return
         super().zero_grad(set_to_none=set_to_none)

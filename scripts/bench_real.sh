@@ -32,8 +32,9 @@ run() {  # model batch rate out candidates
   case " $JOBS " in *" ${4##*/} "*) ;; *) return 0 ;; esac
   scripts/netem.sh up "$3"
   mkdir -p "$OUT/$4"
-  # 8 warm-up steps cover commsched's 5 profiling steps; compare steps `auto` on, untimed,
-  # until its checks and trials are over (commsched.bench.compare.settling).
+  # 8 warm-up steps, then compare steps each commsched candidate on, untimed, until its plan
+  # settles: its profiling steps, its re-plan ten steps later and `auto`'s checks and trials
+  # (commsched.bench.compare.settling).
   scripts/netem.sh run .venv/bin/horovodrun -np "$RANKS" --gloo .venv/bin/python -m commsched.bench.compare \
     --model "$1" --batch-size "$2" --rounds "$ROUNDS" --steps 4 --warmup 8 --candidates "$5" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$4" 2>&1 | rank0_stdout

@@ -153,15 +153,16 @@ MAX_SETTLING_STEPS = 480
 
 
 def settling(optimizer: Any) -> bool:
-    """Whether `auto` (when `optimizer` runs it) has yet to settle on the plan that stays:
-    timed rounds must measure that plan, not its trials (Note [Measuring the close calls])."""
-    auto = getattr(optimizer, "auto", None)
-    return auto is not None and not auto.settled
+    """Whether a commsched `optimizer` has yet to settle on the plan that stays: timed rounds
+    must measure that plan, not the profiling plan, the plan made before the steady state's
+    re-plan (Note [Planning from the steady state]) or `auto`'s trials (Note [Measuring the
+    close calls])."""
+    return getattr(optimizer, "plan_settled", True) is False
 
 
 def step_until_settled(optimizer: Any, step: Callable[[int], None], first: int) -> int:
-    """Steps on, untimed, from step index `first` while `optimizer`'s `auto` is settling (at
-    most MAX_SETTLING_STEPS); returns the index of the next step."""
+    """Steps on, untimed, from step index `first` while `optimizer` is settling (at most
+    MAX_SETTLING_STEPS); returns the index of the next step."""
     index = first
     while index < first + MAX_SETTLING_STEPS and settling(optimizer):
         step(index)

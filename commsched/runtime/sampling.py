@@ -73,6 +73,12 @@ class SamplingSchedule:
             self._every = self._engine.sample_every = every
 
     @property
+    def settled(self) -> bool:
+        """Whether the plan in place is the one that stays: profiling, the steady state's
+        re-plan and `auto`'s checks and trials are over (until a change of wire unsettles it)."""
+        return self._settled_at is not None
+
+    @property
     def sparse(self) -> bool:
         """Whether the plan has settled and its closely sampled iterations are over: the profile
         describes it, and from here on it is sampled every SAMPLE_EVERY_LATER-th iteration."""

@@ -348,6 +348,34 @@ def test_a_policy_replans_once_from_its_own_plans_iterations(
     opt.session.close()
 
 
+@pytest.mark.parametrize("policy", ["horovod", "prophet"])
+def test_a_benchmark_times_a_policy_only_after_its_refinement(policy: str) -> None:
+    """`plan_settled` turns True at the steady state's re-plan (Note [Planning from the steady
+    state]), not at the end of the profiling steps: a benchmark's warm-up
+    (commsched.bench.compare.step_until_settled) steps on until then."""
+    from commsched.bench.compare import settling, step_until_settled
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         policy=policy, named_parameters=model.named_parameters(),
+                                         profile_steps=2)
+    assert not opt.plan_settled
+    _train(model, opt, 3)  # the profiling steps and one of the policy's plan
+    assert not opt.plan_settled and settling(opt)
+    planned = opt.plan.fingerprint
+
+    def step(i: int) -> None:
+        _train(model, opt, 1)
+
+    assert step_until_settled(opt, step, 3) == SETTLED  # SETTLED steps in all
+    assert opt.plan_settled and not settling(opt)
+    refined = opt.plan.fingerprint  # may equal `planned`: the same plan from the same ranking
+    _train(model, opt, 2 * REFINE_STEPS)
+    assert opt.plan_settled and opt.plan.fingerprint == refined
+    assert step_until_settled(opt, step, 0) == 0
+    assert planned and not settling(torch.optim.SGD(model.parameters(), lr=0.1))
+    opt.session.close()
+
+
 def test_auto_plans_its_kept_policy_again_from_its_own_iterations() -> None:
     """Note [Planning from the steady state]: once `auto` has kept a plan, REFINE_STEPS
     iterations of it later the same policy with the same knobs is planned again from them;
