@@ -31,7 +31,7 @@ REAL_COMMANDS = "benchmarks/real/commands.txt"
 REPORTS = (("CNN", "benchmarks/overlap/cnn/results.json"),
            ("Transformer", "benchmarks/overlap/transformer/results.json"))
 # (label, folder of its jobs' reports, the link they ran on) in the order of the table.
-REAL = (("ResNet-50", "benchmarks/real/resnet50", "1gbit"),
+REAL = (("ResNet-50", "benchmarks/real/resnet50", "2gbit"),
         ("VGG-16", "benchmarks/real/vgg16", "10gbit"),
         ("BERT-base", "benchmarks/real/bert", "3gbit"),
         ("GPT-2 124M", "benchmarks/real/gpt2", "4gbit"))
