@@ -100,9 +100,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def plan_settled(self) -> bool:
-        """Whether the plan that stays runs now: profiling, the re-plan from the policy's own
-        iterations and ``auto``'s trials are over (docs/policies.md); time steady steps after it
-        turns True. A compressor's start or top-k's next warm-up stage unsettles it."""
+        """Whether the plan that stays runs now; time steady steps after it turns True.
+
+        Profiling, the re-plan from the policy's own iterations and ``auto``'s trials are over.
+        """
         return self.session.lifecycle.sampling.settled
 
     @property

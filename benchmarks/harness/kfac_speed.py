@@ -51,7 +51,7 @@ def _candidate(label: str, batch_size: int,
             precond.step()
         with opt.skip_synchronize():
             opt.step()
-    return Candidate(label, step), precond
+    return Candidate(label, step, optimizer=opt), precond
 
 
 def _rows(candidates: list[Candidate]) -> list[dict[str, Any]]:

@@ -75,7 +75,8 @@ class SamplingSchedule:
     @property
     def settled(self) -> bool:
         """Whether the plan in place is the one that stays: profiling, the steady state's
-        re-plan and `auto`'s checks and trials are over (until a change of wire unsettles it)."""
+        re-plan and `auto`'s checks and trials are over (`auto` choosing afresh after a change
+        of wire unsettles it)."""
         return self._settled_at is not None
 
     @property
