@@ -301,7 +301,8 @@ def test_host_fusion_buffers_are_reused_across_iterations() -> None:
         assert out["exact"] == [True] * 4, out
         first, *later = out["allocations"]
         # The fused all-reduce, the padded reduce-scatter's input and shard, the all-gather's
-        # output: allocated in the first iteration, taken again in every later one.
-        assert 2 <= first <= 4 and later == [first] * 3, out
+        # output: allocated in the first iterations (one may first be needed in the second,
+        # when blocks overlap differently), then taken again in every later one.
+        assert 2 <= first <= later[0] <= 4 and later == [later[0]] * 3, out
         assert out["kept"] >= 2 * 300_000 * 4 * 2, out
         assert out["kept_after_new_plan"] == 0, out
