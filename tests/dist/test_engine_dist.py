@@ -299,10 +299,11 @@ def test_host_fusion_buffers_are_reused_across_iterations() -> None:
     results = distributed_test(_kept_buffers_job, world_size=2, timeout=90)
     for out in results.values():
         assert out["exact"] == [True] * 4, out
-        first, *later = out["allocations"]
-        # The fused all-reduce, the padded reduce-scatter's input and shard, the all-gather's
-        # output: allocated in the first iterations (one may first be needed in the second,
-        # when blocks overlap differently), then taken again in every later one.
-        assert 2 <= first <= later[0] <= 4 and later == [later[0]] * 3, out
+        # Each iteration takes four buffers: the fused all-reduce's, the padded reduce-scatter's
+        # input and shard, the all-gather's output. The three of ~2.4 MB fit each other's
+        # requests, so how many are new in an iteration depends on how its blocks overlapped
+        # (a fresh clone counted [3, 4, 4, 4]); four is the most in use at once.
+        # Without reuse the count would grow by at least two every iteration.
+        assert out["allocations"][0] >= 2 and out["allocations"][-1] <= 4, out
         assert out["kept"] >= 2 * 300_000 * 4 * 2, out
         assert out["kept_after_new_plan"] == 0, out
