@@ -94,8 +94,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         ``auto.summary()`` gives the choice, its knobs, the predicted and measured iteration
         times, whether it re-planned and the ranking of every candidate; ``auto.history`` holds
-        one entry per plan it installed and what it measured (docs/policies.md, "auto").
+        one entry per plan it installed and what it measured (docs/policies.md, "auto"). Like
+        ``plan``, it raises RuntimeError in an elastic Horovod job before the first step.
         """
+        _ = self.session.plan  # the check for an elastic job's first step
         return self.session.lifecycle.auto
 
     @property
@@ -103,15 +105,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Whether the plan that stays runs now; time steady steps after it turns True.
 
         Profiling, the re-plan from the policy's own iterations and ``auto``'s trials are over.
+        False in an elastic Horovod job before the first step, which makes the plan.
         """
-        return self.session.lifecycle.sampling.settled
+        return self.session.bound and self.session.lifecycle.sampling.settled
 
     @property
     def backward_passes_per_step(self) -> int:
-        """Backward passes summed locally before one reduction.
-
-        Assigning it calls set_backward_passes_per_step(), which checks the value.
-        """
+        """Backward passes summed locally before one reduction (assigning it checks the value)."""
         return self.session.accumulation.passes
 
     @backward_passes_per_step.setter
@@ -262,10 +262,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return session.update(lambda: session.deferred.base_step(self, closure), closure)
 
     def _cs_local_step(self) -> Any:
-        """The user optimizer's own step, with no reduction: only the calling rank runs it.
-
-        See Note [local step] in commsched.world.broadcast.
-        """
+        # Note [local step] in commsched.world.broadcast
+        """The user optimizer's own step, with no reduction, on the calling rank only."""
         return super().step()
 
     def state_dict(self) -> dict[str, Any]:

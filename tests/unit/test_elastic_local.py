@@ -53,6 +53,9 @@ def test_session_binds_at_first_step_and_reforms_after_a_failure(elastic_world) 
     assert "commsched" not in opt.state_dict()
     with pytest.raises(RuntimeError, match="made at the first step"):
         _ = opt.plan
+    with pytest.raises(RuntimeError, match="made at the first step"):
+        _ = opt.auto
+    assert opt.plan_settled is False
     # Horovod's broadcast_optimizer_state on a fresh optimizer: step() on zero gradients, local.
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
