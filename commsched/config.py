@@ -146,6 +146,9 @@ KNOBS: tuple[Knob, ...] = (
          "flight at a time, while the profiler records ready times and collective timings; the "
          "policy's plan is built after them (`ddp` rebuilds after its first step instead).",
          minimum=0, maximum=10_000),
+    Knob("refine_steps", Kind.COUNT, 10, "Steps of the policy's own plan (`auto`: of the plan it "
+         "keeps), every one profiled, after which it is planned once more from them; fewer "
+         "settle sooner on a plan made from fewer iterations.", minimum=1, maximum=10_000),
     Knob("auto_trials", Kind.COUNT, 2, "`auto`: after its choice has run 20 steps, this many "
          "runners-up of other policies (predicted within 15% of it, one per schedule) and the "
          "choice (with the best synchronous plan when the choice overlaps iterations, and the "
@@ -223,6 +226,7 @@ class Config:
     topk_warmup_steps: int = 0
     auto_trials: int = 2
     shard_optimizer: bool = False
+    refine_steps: int = 10
 
     def as_dict(self) -> dict[str, Any]:
         """The knobs as plain values by key (the policy as its name), for logs and checks."""

@@ -48,7 +48,13 @@ RANKS="${RANKS:-4 8}"
 RATE="${RATE:-10gbit}"
 BUDGET_S="${BUDGET_S:-450}"
 WARMUP="${WARMUP:-6}" ROUND_COUNT="${ROUND_COUNT:-2}" STEPS="${STEPS:-3}"
-CANDIDATES="local (no comm),commsched:horovod,commsched:ddp,commsched:dear?fusion_threshold=4MiB"
+# A candidate is timed once its plan has settled (optimizer.plan_settled): by default after 5
+# profiling steps and 10 of its first plan. Here 3 and 3, so that the settled plans run from the
+# warm-up's end: with every rank's traffic on one shaped loopback, a step of GPT-2 on 8 ranks
+# moves about 7 GB, and 9 more steps per candidate would not fit the budget.
+SETTLE="profile_steps=3&refine_steps=3"
+CANDIDATES="local (no comm),commsched:horovod?$SETTLE,commsched:ddp?$SETTLE"
+CANDIDATES="$CANDIDATES,commsched:dear?fusion_threshold=4MiB&$SETTLE"
 declare -A BATCH=([resnet50]=8 [vgg16]=8 [bert]=4 [gpt2]=1 [cnn]=32 [transformer]=16 [mlp]=64)
 START=$SECONDS
 export NETNS="${NETNS:-csscale}"  # not bench_*'s csnet: a benchmark may be running beside

@@ -9,7 +9,7 @@
                   the world's (world_profile.py: the collectives of the rank the others wait
                   for, every rank's compute); `auto` simulates every candidate and takes the
                   fastest
-    refine:       the policy re-plans once more after REFINE_STEPS iterations of its own plan
+    refine:       the policy re-plans once more after `refine_steps` iterations of its own plan
                   (`auto`: of the plan it kept after its trials), from their ready times (Note
                   [Planning from the steady state])
     `auto` check: after auto.CHECK_STEPS measured iterations, re-plan once if off by > 20%
@@ -62,9 +62,10 @@ log = logging.getLogger("commsched")
 # (ByteScheduler, Prophet, MG-WFBP) change with those ready times: at 1 Gbit/s on 2 ranks,
 # Prophet's plan made from the profiling steps, simulated on its own end-of-run profile, was
 # predicted several percent slower, on the CNN and on the Transformer, than the plan made from
-# that end profile. So the policy re-plans once more after REFINE_STEPS iterations of its own
-# plan, every one of them sampled, so that the latest half of the profiler's window holds only
-# its own plan's iterations past their first two. `auto` does the same for the plan it keeps
+# that end profile. So the policy re-plans once more after `refine_steps` (the knob, default 10)
+# iterations of its own plan, every one of them sampled, so that the latest half of the
+# profiler's window holds only its own plan's iterations past their first two (with fewer, the
+# plan settles sooner, on fewer of them). `auto` does the same for the plan it keeps
 # after its trials (the same policy with the same knobs, from the window restarted when it kept
 # it). With the refinement the gap between the installed plan and the one made from the end
 # profile came to a few percent at most, for Prophet and ByteScheduler on both models (figures:
@@ -73,7 +74,6 @@ log = logging.getLogger("commsched")
 # one block at a time]): a policy's own blocks are few sizes in flight together and fit worse
 # (Note [Fitting a collective's cost] in collective_fit.py). The refinement costs one more
 # gathering of the profile and one more plan, in a job's first seconds.
-REFINE_STEPS = 10
 
 # Note [Profiling one block at a time]
 # The profiling steps run their blocks one at a time (a credit of one byte: a block waits until
@@ -212,12 +212,12 @@ class PlanLifecycle:
             else:
                 self.replan(refine=not profiling)
             if profiling and auto is None:
-                self.replan_at = iteration + REFINE_STEPS
+                self.replan_at = iteration + self._config.refine_steps
         if auto is not None and not auto.deciding and not auto.refined and not auto.refining \
                 and auto.choices:
             # Note [Planning from the steady state]: the plan kept, from its own iterations.
             auto.refining = True
-            self.replan_at = iteration + REFINE_STEPS
+            self.replan_at = iteration + self._config.refine_steps
             self._engine.profiler.restart_window()  # the trials ran other plans
         settled = (self.replan_at is None or iteration >= self.replan_at) \
             and (auto is None or auto.settled)

@@ -34,7 +34,7 @@ SAMPLE_EVERY_LATER = 64
 # A process's first iterations are slower than its steady state (allocations, caches: the
 # Transformer's backward, Note [Planning from the steady state] in lifecycle.py); a profiler
 # window that starts earlier is not used whole (Note [Sampling the profile]). Most plans settle
-# later anyway (the profiling steps, then lifecycle.REFINE_STEPS of their own); `ddp`'s settles
+# later anyway (the profiling steps, then `refine_steps` of their own); `ddp`'s settles
 # after one iteration.
 WARM_UP_STEPS = 10
 

@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 import commsched
+from commsched.config import KNOBS_BY_KEY
 from commsched.plan import NetModel, Plan, Profile, UpdateGroup
-from commsched.runtime.lifecycle import REFINE_STEPS
 from commsched.sim.overlap import completing_blocks
+
+REFINE_STEPS = KNOBS_BY_KEY["refine_steps"].default
 
 # With profile_steps=2: the iteration after which the plan has settled (the profiling steps,
 # then the policy's first plan until its steady-state re-plan).
@@ -316,7 +318,7 @@ def test_a_plan_settled_in_the_warm_up_is_described_whole_only_after_it() -> Non
 @pytest.mark.parametrize("policy", ["horovod", "prophet"])
 def test_a_policy_replans_once_from_its_own_plans_iterations(
         policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Note [Planning from the steady state]: REFINE_STEPS after the profiling steps the policy
+    """Note [Planning from the steady state]: `refine_steps` after the profiling steps the policy
     plans again, once, from its own plan's iterations, on the profiling steps' network."""
     model = _model()
     opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
@@ -373,6 +375,21 @@ def test_a_benchmark_times_a_policy_only_after_its_refinement(policy: str) -> No
     assert opt.plan_settled and opt.plan.fingerprint == refined != planned_before_profile
     assert step_until_settled(opt, step, 0) == 0
     assert not settling(torch.optim.SGD(model.parameters(), lr=0.1))
+    opt.session.close()
+
+
+def test_fewer_refine_steps_settle_sooner() -> None:
+    """The knob `refine_steps` moves the steady state's re-plan: 2 profiling steps, then 3 of
+    the policy's first plan."""
+    from commsched.bench.compare import step_until_settled
+    model = _model()
+    opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                         named_parameters=model.named_parameters(),
+                                         policy="prophet", profile_steps=2, refine_steps=3)
+    assert opt.session.config.refine_steps == 3
+    _train(model, opt, 2)
+    assert opt.session.lifecycle.replan_at == 2 + 3 and not opt.plan_settled
+    assert step_until_settled(opt, lambda i: _train(model, opt, 1), 2) == 2 + 3
     opt.session.close()
 
 
