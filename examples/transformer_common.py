@@ -27,6 +27,9 @@ def size_options(description: str) -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--vocab", type=int, default=0, help="vocabulary size (0: the model's own)")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute each layer's activations in backward instead of keeping them "
+                        "(less memory, more compute; every policy supports it)")
     return p
 
 
@@ -41,6 +44,16 @@ def run(args: argparse.Namespace, make_model: Callable[[], nn.Module], vocab: in
     where = device()
     torch.manual_seed(0)  # random weights from the configuration: nothing is downloaded
     model = make_model().to(where)
+    if args.gradient_checkpointing:
+        assert isinstance(model, transformers.PreTrainedModel)
+        # Non-reentrant, as torch recommends: the reentrant kind needs an input that requires
+        # grad. transformers 5 renamed the method.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.config.use_cache = False  # no key/value cache in training: it cannot be recomputed
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr or 1e-4, weight_decay=0.01)
 
     def batch(step: int, rank: int, where: torch.device) -> dict[str, Any]:

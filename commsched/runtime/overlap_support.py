@@ -37,13 +37,27 @@ class ModuleProfile:
     # runner's own hooks spent inside it (`excluded_s`: waits for blocks, updates; the profile
     # counts those elsewhere, as before_first_ready_s does).
 
+    # Note [Recomputed forward passes are not timed]
+    # Activation checkpointing (torch.utils.checkpoint, a `transformers` model's
+    # gradient_checkpointing_enable()) runs the forward of its modules again inside backward,
+    # after the root's forward has ended, and their hooks fire again. Timed then, a module's
+    # start stayed open until its next real forward pass ended: its time took in the rest of
+    # backward, the step and the loop, many times its own (tests/unit/
+    # test_activation_checkpointing.py). Only modules inside the root's own forward pass are
+    # timed.
+
     def __init__(self) -> None:
         self.order: list[str] = []
         self.times: dict[str, list[float]] = {}
         self._starts: dict[str, tuple[float, float]] = {}
         self.excluded_s = 0.0  # the runner's hooks' time in recorded forward passes, summed
+        self._in_forward = False  # inside the root's forward pass
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, root: bool = False) -> None:
+        if root:
+            self._in_forward = True
+        elif not self._in_forward:
+            return  # Note [Recomputed forward passes are not timed]
         if name not in self._starts:
             self._starts[name] = (time.perf_counter(), self.excluded_s)
             if name not in self.order:
@@ -59,20 +73,22 @@ class ModuleProfile:
 
     def next_iteration(self) -> None:
         self._starts.clear()
+        self._in_forward = False
 
     def attach(self, named: dict[str, torch.nn.Module], root: str) -> list[Any]:
         """Hooks on every module that record one forward pass each (the root's end closes it);
         returns their handles."""
         handles = []
         for name, module in named.items():
-            handles.append(module.register_forward_pre_hook(eager_hook(self._start_hook(name))))
+            handles.append(module.register_forward_pre_hook(
+                eager_hook(self._start_hook(name, name == root))))
             handles.append(module.register_forward_hook(
                 eager_hook(self._end_hook(name, name == root))))
         return handles
 
-    def _start_hook(self, name: str) -> Callable[[torch.nn.Module, Any], None]:
+    def _start_hook(self, name: str, root: bool) -> Callable[[torch.nn.Module, Any], None]:
         def hook(module: torch.nn.Module, args: Any) -> None:
-            self.start(name)
+            self.start(name, root)
         return hook
 
     def _end_hook(self, name: str, root: bool) -> Callable[[torch.nn.Module, Any, Any], None]:

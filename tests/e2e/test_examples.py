@@ -55,7 +55,9 @@ def test_resnet50_checkpoints_under_torchrun_and_resumes_under_horovodrun(tmp_pa
 @pytest.mark.e2e
 @pytest.mark.parametrize(("script", "launcher", "extra"), [
     # --knob compression=fp16, as the examples' help suggests: the knob's value as a string.
-    ("pytorch_bert.py", "torchrun", ("--amp", "bf16", "--knob", "compression=fp16", "--policy",
+    # Two profiling steps, so that dear's plan runs, over recomputed activations.
+    ("pytorch_bert.py", "torchrun", ("--amp", "bf16", "--knob", "compression=fp16", "--knob",
+                                     "profile_steps=2", "--gradient-checkpointing", "--policy",
                                      "dear")),
     ("pytorch_gpt2.py", "horovodrun", ("--amp", "--policy", "auto")),
 ])
