@@ -72,7 +72,9 @@ def test_checkpointed_model_trains_as_the_plain_optimizer(policy: str, reentrant
     opt.flush()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(),
                                                  strict=True))
-    times = opt.session.runner.modules.times
+    runner = opt.session.runner
+    assert runner is not None
+    times = runner.modules.times
     # One time per recorded forward pass, as many as the root's: none from a recomputation,
     # and none that ran on into the next forward pass over backward, the step and the loop.
     assert len(times["blocks.0"]) == len(times[""]) >= 2, times
