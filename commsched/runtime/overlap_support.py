@@ -45,34 +45,55 @@ class ModuleProfile:
     # backward, the step and the loop, many times its own (tests/unit/
     # test_activation_checkpointing.py). Only modules inside the root's own forward pass are
     # timed.
+    #
+    # Note [A module called several times]
+    # A module may run more than once in one forward pass: torchvision's ResNet blocks call
+    # their one `relu` three times, a model with shared layers calls them once per use. Each
+    # call is timed from its own start, and a forward pass records the sum of its calls. Timed
+    # from the first call's start to each call's end, a ResNet-50 block's `relu` took in the
+    # convolutions between its calls: the modules' own times summed to well over the root's,
+    # and every later deadline moved (tests/unit/test_module_times.py). The module keeps the
+    # place of its first call in the forward order.
 
     def __init__(self) -> None:
         self.order: list[str] = []
-        self.times: dict[str, list[float]] = {}
-        self._starts: dict[str, tuple[float, float]] = {}
+        self.times: dict[str, list[float]] = {}  # one figure per recorded forward pass
+        # Each running call's start and the hooks' excluded time then, by module (a stack: a
+        # module may call itself), and the calls' sums in the forward pass so far.
+        self._starts: dict[str, list[tuple[float, float]]] = {}
+        self._sums: dict[str, float] = {}
         self.excluded_s = 0.0  # the runner's hooks' time in recorded forward passes, summed
         self._in_forward = False  # inside the root's forward pass
 
     def start(self, name: str, root: bool = False) -> None:
         if root:
+            self._forget_pass()  # one that raised never reached its end
             self._in_forward = True
         elif not self._in_forward:
             return  # Note [Recomputed forward passes are not timed]
-        if name not in self._starts:
-            self._starts[name] = (time.perf_counter(), self.excluded_s)
-            if name not in self.order:
-                self.order.append(name)
+        self._starts.setdefault(name, []).append((time.perf_counter(), self.excluded_s))
+        if name not in self.order:
+            self.order.append(name)
 
     def end(self, name: str) -> None:
-        started = self._starts.get(name)
-        if started is not None:
-            at, excluded = started
-            times = self.times.setdefault(name, [])
-            times.append(time.perf_counter() - at - (self.excluded_s - excluded))
-            del times[:-KEEP_ITERATIONS]  # hooks keep recording in long runs: stay bounded
+        running = self._starts.get(name)
+        if running:
+            at, excluded = running.pop()
+            took = time.perf_counter() - at - (self.excluded_s - excluded)
+            # Note [A module called several times]
+            self._sums[name] = self._sums.get(name, 0.0) + took
 
     def next_iteration(self) -> None:
+        """The root's forward pass ended: each module's calls in it make one figure."""
+        for name, took in self._sums.items():
+            times = self.times.setdefault(name, [])
+            times.append(took)
+            del times[:-KEEP_ITERATIONS]  # hooks keep recording in long runs: stay bounded
+        self._forget_pass()
+
+    def _forget_pass(self) -> None:
         self._starts.clear()
+        self._sums.clear()
         self._in_forward = False
 
     def attach(self, named: dict[str, torch.nn.Module], root: str) -> list[Any]:
