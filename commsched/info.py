@@ -251,8 +251,9 @@ def main(argv: list[str]) -> int:
         argv: the arguments after ``info`` (only --help is known).
 
     Returns:
-        The exit status: 0 when everything installed works, 1 when something is broken (the
-        extension's error alone is printed then, to stderr), 2 for bad usage.
+        The exit status: 0 when everything installed works, 1 when something is broken or a
+        knob is set wrong (the extension's error alone is printed when it does not load, to
+        stderr), 2 for bad usage.
     """
     if argv:
         known = argv[0] in ("-h", "--help")
@@ -267,5 +268,6 @@ def main(argv: list[str]) -> int:
         return 1
     print("\n".join(lines))
     if status:
-        print("commsched info: something installed is broken (see above)", file=sys.stderr)
+        print("commsched info: a check failed (see above): Horovod is installed but does not "
+              "import, or a knob is set wrong", file=sys.stderr)
     return status

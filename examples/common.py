@@ -28,7 +28,9 @@ ComputeLoss = Callable[[nn.Module, Batch], torch.Tensor]
 
 def parser(description: str) -> argparse.ArgumentParser:
     """The options every example takes; an example adds its model's own."""
-    p = argparse.ArgumentParser(description=description)
+    # The example's docstring whole, its command lines as written.
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=100, help="optimizer steps in all (a resumed "
                    "run goes on from its checkpoint's step up to this many)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")

@@ -18,7 +18,7 @@ MASK_ID = 103  # [MASK] in BERT's vocabulary
 
 
 def main() -> None:
-    args = size_options(__doc__.splitlines()[0]).parse_args()
+    args = size_options(__doc__).parse_args()
     config = transformers.BertConfig(
         hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
         intermediate_size=4 * args.hidden, max_position_embeddings=max(512, args.seq_len),

@@ -15,7 +15,7 @@ from transformer_common import run, size_options, transformers
 
 
 def main() -> None:
-    args = size_options(__doc__.splitlines()[0]).parse_args()
+    args = size_options(__doc__).parse_args()
     config = transformers.GPT2Config(
         n_embd=args.hidden, n_layer=args.layers, n_head=args.heads,
         n_positions=max(1024, args.seq_len),

@@ -22,7 +22,7 @@ except (ImportError, RuntimeError):  # absent, or a build for another torch
 
 
 def main() -> None:
-    p = parser(__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
     args = p.parse_args()
