@@ -44,7 +44,8 @@ class ModuleProfile:
     # start stayed open until its next real forward pass ended: its time took in the rest of
     # backward, the step and the loop, many times its own (tests/unit/
     # test_activation_checkpointing.py). Only modules inside the root's own forward pass are
-    # timed.
+    # timed, and only in a forward pass that records autograd: one under torch.no_grad() or
+    # inference_mode() is an evaluation between iterations, at its own batch size.
     #
     # Note [A module called several times]
     # A module may run more than once in one forward pass: torchvision's ResNet blocks call
@@ -68,7 +69,9 @@ class ModuleProfile:
     def start(self, name: str, root: bool = False) -> None:
         if root:
             self._forget_pass()  # one that raised never reached its end
-            self._in_forward = True
+            self._in_forward = torch.is_grad_enabled()
+            if not self._in_forward:
+                return
         elif not self._in_forward:
             return  # Note [Recomputed forward passes are not timed]
         self._starts.setdefault(name, []).append((time.perf_counter(), self.excluded_s))
@@ -80,7 +83,7 @@ class ModuleProfile:
         if running:
             at, excluded = running.pop()
             took = time.perf_counter() - at - (self.excluded_s - excluded)
-            # Note [A module called several times]
+            # See Note [A module called several times].
             self._sums[name] = self._sums.get(name, 0.0) + took
 
     def next_iteration(self) -> None:

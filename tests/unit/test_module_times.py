@@ -1,7 +1,8 @@
 """The forward time the runner records per module (runtime/overlap_support.py): a module called
 several times in one forward pass, as torchvision's ResNet blocks call their `relu`, records the
 sum of its calls, once per forward pass, and the modules' own times add up to the root's
-(Note [A module called several times])."""
+(Note [A module called several times]); an evaluation between iterations records nothing.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 import commsched
+from commsched.plan import is_profiling_plan
 
 WIDTH = 384
 
@@ -54,4 +56,27 @@ def test_a_module_called_three_times_records_its_calls_only() -> None:
     own = sum(row["self_time_s"] for row in rows.values())
     # Medians of different passes need not add up exactly; the overlapping calls added a third.
     assert own < 1.1 * rows[""]["forward_time_s"], (own, rows)
+    opt.session.close()
+
+
+def test_an_evaluation_between_iterations_is_not_timed() -> None:
+    """A forward pass under torch.no_grad() (an evaluation, at its own batch size) records no
+    module times: every forward pass of the profiling steps is timed, the evaluations are not."""
+    commsched.init()
+    torch.manual_seed(0)
+    model = nn.Sequential(_Block(), nn.Linear(WIDTH, 2))
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters(),
+        model=model, policy="prophet", profile_steps=4)
+    runner = opt.session.runner
+    assert runner is not None
+    for step in range(3):  # profiling steps: every training forward pass is timed
+        x = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        with torch.no_grad():
+            model(torch.randn(512, WIDTH))
+    assert is_profiling_plan(opt.plan)
+    assert len(runner.modules.times[""]) == 3, runner.modules.times[""]
     opt.session.close()
