@@ -301,9 +301,11 @@ def test_host_fusion_buffers_are_reused_across_iterations() -> None:
         assert out["exact"] == [True] * 4, out
         # Each iteration takes four buffers: the fused all-reduce's, the padded reduce-scatter's
         # input and shard, the all-gather's output. The three of ~2.4 MB fit each other's
-        # requests, so how many are new in an iteration depends on how its blocks overlapped
-        # (a fresh clone counted [3, 4, 4, 4]); four is the most in use at once.
-        # Without reuse the count would grow by at least two every iteration.
-        assert out["allocations"][0] >= 2 and out["allocations"][-1] <= 4, out
+        # requests, so how many are new in an iteration depends on how its blocks overlapped.
+        # The engine holds each shard for its all-gather until the next iteration's
+        # reduce-scatter replaces it (Engine::shards_), so two shards may be in use at once:
+        # five buffers at most (fresh clones counted [3, 4, 4, 4] and [3, 5, 5, 5]). Without
+        # reuse the count would grow by at least two every iteration.
+        assert out["allocations"][0] >= 2 and out["allocations"][-1] <= 5, out
         assert out["kept"] >= 2 * 300_000 * 4 * 2, out
         assert out["kept_after_new_plan"] == 0, out
