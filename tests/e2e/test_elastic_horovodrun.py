@@ -67,10 +67,10 @@ def _run(tmp_path, kill_at: int, add_at: int, policy: str) -> tuple[dict, dict]:
 
 
 def _check(logs: dict, finals: dict, survivors: int, expected_sizes: list[int]) -> None:
-    # The worker killed at step 5 was rank 1 then: it logged steps 0-4 and never finished.
+    # The worker killed at step 5 was rank 1 then: it committed steps 0-4 and never finished.
     killed = [host for host in HOSTS if host not in finals]
     assert len(killed) == 1, f"finished: {sorted(finals)}"
-    assert [line["step"] for line in logs[killed[0]]] == list(range(5))
+    assert [step for step, _ in elastic_job.committed_steps(logs[killed[0]])] == list(range(5))
     assert len(finals) == survivors, sorted(finals)
     first = next(f for f in finals.values() if f["rank"] == 0)
     for host, final in finals.items():
@@ -84,11 +84,11 @@ def _check(logs: dict, finals: dict, survivors: int, expected_sizes: list[int]) 
                 f"{host} differs from rank 0 under {policy}"
     for host in set(HOSTS) & set(finals):
         # Step 5 failed on each survivor with an error Horovod's elastic loop handles. A rank
-        # starved past HOROVOD_GLOO_TIMEOUT_SECONDS on 2 cores costs one more error, also
-        # Horovod's own: its loop resets the same world and runs on from the last commit.
+        # starved past HOROVOD_GLOO_TIMEOUT_SECONDS on 2 cores costs more errors, at any step,
+        # also Horovod's own: its loop resets the same world and runs on from the last commit.
         errors = [line for line in logs[host] if "error" in line]
-        assert [e["step"] for e in errors[:1]] == [5], errors
-        assert errors[0]["error"] == "ElasticRankFailureError", errors
+        assert [e["step"] for e in errors if e["error"] == "ElasticRankFailureError"] == [5], \
+            errors
         assert all(e["horovod_internal"] for e in errors), errors
     rank0_host = next(h for h, f in finals.items() if f["rank"] == 0)
     lines = [line for line in logs[rank0_host] if "size" in line]
