@@ -111,3 +111,18 @@ def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float
     if problems:
         raise DistributedTestError("\n".join(problems))
     return {r: v for r, (_, v) in sorted(outcomes.items())}
+
+
+def one_group_per_module(opt: Any) -> list[str]:
+    """Under a running overlap plan, applies one update group per first-using module (the
+    grouping the runner falls back to when nothing is measured) and returns the hooked modules;
+    [] otherwise. A small model at full speed gets one group, applied at the root; this puts
+    pre-hooks inside the model (compiled frames, checkpointed blocks)."""
+    import dataclasses
+
+    runner = opt.session.runner
+    if runner is None or not runner.active:
+        return []
+    opt.flush()
+    runner.activate(dataclasses.replace(opt.plan, update_groups=()))
+    return list(runner.hooked_modules)

@@ -5,12 +5,11 @@ inside the recomputed blocks (Note [Recomputed forward passes are not timed]).""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
-from helpers import distributed_test
+from helpers import distributed_test, one_group_per_module
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -48,13 +47,8 @@ def _train(policy: str, checkpointed: bool) -> dict[str, Any]:
         model=model, policy=policy, profile_steps=2, refine_steps=4)
     hooked: list[str] = []
     for step in range(STEPS):
-        runner = opt.session.runner
-        if step == SPLIT_AT and runner is not None and runner.active:
-            # One update group per first-using module (the small model at full speed gets one
-            # group, applied at the root): pre-hooks inside the checkpointed blocks.
-            opt.flush()
-            runner.activate(dataclasses.replace(opt.plan, update_groups=()))
-            hooked = runner.hooked_modules
+        if step == SPLIT_AT:
+            hooked = one_group_per_module(opt)  # pre-hooks inside the checkpointed blocks
         opt.zero_grad()
         gen = torch.Generator().manual_seed(10 * step + rank)
         x, y = torch.randn(8, 10, generator=gen), torch.randn(8, 2, generator=gen)

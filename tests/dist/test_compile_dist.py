@@ -8,12 +8,11 @@ The model is wrapped as the README's recipe does: ``model = _compile(model)``, t
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, cast
 
 import pytest
 import torch
-from helpers import distributed_test
+from helpers import distributed_test, one_group_per_module
 from torch import nn
 
 from commsched.runtime.overlap import HookMode
@@ -63,7 +62,7 @@ def _train(policy: str, compiled: bool) -> dict[str, Any]:
         model=model, policy=policy, profile_steps=2)
     for step in range(STEPS):
         if step == SPLIT_AT:
-            _one_group_per_module(opt)
+            one_group_per_module(opt)  # pre-hooks inside the compiled frame
         opt.zero_grad()
         x, y = _batch(step, rank)
         nn.functional.mse_loss(model(x), y).backward()
@@ -79,16 +78,6 @@ def _train(policy: str, compiled: bool) -> dict[str, Any]:
                    hooked=runner.hooked_modules if runner is not None else [])
     opt.session.close()
     return out
-
-
-def _one_group_per_module(opt: Any) -> None:
-    """On this small model at full speed the planner puts every update in one group, applied
-    at the root, outside the compiled frame. One group per first-using module (the grouping
-    the runner falls back to when nothing is measured) puts pre-hooks inside it."""
-    runner = opt.session.runner
-    if runner is not None and runner.active:
-        opt.flush()
-        runner.activate(dataclasses.replace(opt.plan, update_groups=()))
 
 
 def _job() -> dict[str, Any]:
