@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import shlex
 import sys
 from typing import Any
 
@@ -34,7 +35,7 @@ REPORTS = (("CNN", "benchmarks/overlap/cnn/results.json"),
 REAL = (("ResNet-50", "benchmarks/real/resnet50", "2gbit"),
         ("VGG-16", "benchmarks/real/vgg16", "10gbit"),
         ("BERT-base", "benchmarks/real/bert", "3gbit"),
-        ("GPT-2 124M", "benchmarks/real/gpt2", "4gbit"))
+        ("GPT-2 124M", "benchmarks/real/gpt2", "6gbit"))
 # Policies that keep Horovod's semantics: step() waits for every block.
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
 OVERLAP = ("bytescheduler", "prophet", "dear")
@@ -107,10 +108,32 @@ def _ratio(row: dict[str, Any], key: str, mark: str) -> str:
     return "-" if value is None else f"{mark}{value:.3f}x{mark}"
 
 
+def _settings(command: str) -> dict[str, str]:
+    """The `NAME=value` assignments that open a scripts/bench_real.sh command line."""
+    settings = {}
+    for word in shlex.split(command):
+        name, equals, value = word.partition("=")
+        if not equals:
+            break
+        settings[name] = value
+    return settings
+
+
 def real_commands(root: pathlib.Path = ROOT) -> list[str]:
-    """The 2-rank commands of benchmarks/real/commands.txt (the 3-rank ones write elsewhere)."""
+    """The commands of benchmarks/real/commands.txt that wrote a report of the headline: 2 ranks
+    (the other counts write elsewhere) and a model at the link the headline shows it on (a run
+    at another speed was moved aside, e.g. benchmarks/real/gpt2-4gbit/)."""
     lines = (root / REAL_COMMANDS).read_text(encoding="utf-8").splitlines()
-    return [line for line in lines if line.strip() and " RANKS=2 " in f" {line} "]
+    kept = []
+    for line in filter(str.strip, lines):
+        settings = _settings(line)
+        models = settings.get("MODELS", "").split()
+        if settings.get("RANKS") == "2" and any(
+                pathlib.PurePosixPath(folder).name in models
+                and settings.get(f"{pathlib.PurePosixPath(folder).name.upper()}_RATE") == link
+                for _, folder, link in REAL):
+            kept.append(line)
+    return kept
 
 
 def render_real(root: pathlib.Path = ROOT) -> list[str]:

@@ -36,7 +36,7 @@ def _floor(jobs: dict[str, dict[str, Any]]) -> tuple[float | None, bool]:
 
     A synchronous job's profiles do not record the forward's modules, so its floor lets every
     gradient arrive as late as the next backward (sim/floor.py): on GPT-2 that hides the
-    stretch of its head's compute in which no gradient may move (benchmarks/real/gpt2/
+    stretch of its head's compute in which no gradient may move (benchmarks/real/gpt2-4gbit/
     floor_gap.md), a bound too loose to judge a schedule by. Within a job, compare_predict
     makes the same choice."""
     bounds = [job["bound"] for job in jobs.values() if job["bound"].get("floor_ms") is not None]

@@ -163,3 +163,20 @@ def test_the_old_readme_fails_the_style_rules() -> None:
     problems = style_problems(old)
     assert any(problem.startswith("paragraph of") for problem in problems)
     assert any("sentences run over" in problem for problem in problems)
+
+
+def test_headline_lists_only_the_commands_of_its_reports(tmp_path: pathlib.Path) -> None:
+    """A run moved aside (another link, another rank count) keeps its line in commands.txt but
+    leaves the headline's list: the list says how the shown numbers were made."""
+    headline = load_headline(pathlib.Path(__file__).resolve().parents[2])
+    rates = " ".join(f"{pathlib.PurePosixPath(folder).name.upper()}_RATE={link}"
+                     for _, folder, link in headline.REAL)
+    shown = f"MODELS='resnet50 bert' JOBS='all' RANKS=2 {rates} scripts/bench_real.sh"
+    gpt2_link = dict((folder, link) for _, folder, link in headline.REAL)["benchmarks/real/gpt2"]
+    elsewhere = shown.replace(f"GPT2_RATE={gpt2_link}", "GPT2_RATE=1mbit")
+    moved = elsewhere.replace("'resnet50 bert'", "'gpt2'")
+    three = shown.replace("RANKS=2", "RANKS=3")
+    path = tmp_path / headline.REAL_COMMANDS
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join([moved, shown, three, elsewhere, ""]), encoding="utf-8")
+    assert headline.real_commands(tmp_path) == [shown, elsewhere]
