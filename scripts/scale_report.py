@@ -154,6 +154,9 @@ def main() -> None:
              "GPU profiles of these models have not been recorded yet: scripts/device_scale.sh "
              "records them (commsched.bench.device_profile) and sweeps from them where a GPU "
              "is lent, into benchmarks/scale/device/.", "",
+             "Whether one number of ranks predicts another: "
+             "[cross_size/README.md](cross_size/README.md) predicts each 3-rank job measured "
+             "here from its 2-rank job's profiles, and back (scripts/cross_size_report.py).", "",
              "Scaling factor: one worker's iteration time over n workers' (1.0: perfect). "
              "`ddp` is commsched's DDP-bucket policy, the simulator's stand-in for PyTorch DDP.",
              ""]
