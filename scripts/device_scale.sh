@@ -23,7 +23,8 @@
 # step timed beside the profile's compute, Note [Device time on the host's clock]) and the
 # simulator predicts 8 to 256 workers at 10, 25 and 100 Gbit/s from that profile:
 # $OUT/gpu/<model>/{profile,recording,results}.json, table.md (scaling.png where matplotlib is).
-# These go first, within $GPU_BUDGET_S (default 200) of $BUDGET_S.
+# These go first, within $GPU_BUDGET_S (default 200) of $BUDGET_S. Where both of a model's rank
+# counts finished, each is predicted from the other's profiles: $OUT/cross_size/.
 #
 # Python: .venv/bin/python where scripts/setup.sh made one, else python3 (the GPU machines'
 # image), whose build of commsched._C goes in place, as in scripts/gpu_check.sh.
@@ -177,6 +178,23 @@ for model in $MODELS; do
         --link-note "$LINK" --out "$dir" && JOBS+=("$model-${n}ranks")
   done
 done
+# Each model's neighbouring rank counts, both measured: each predicted from the other's profiles
+# (scripts/cross_size_report.py; Note [Ranks on one shaped loopback]), into $OUT/cross_size/.
+PAIRS=()
+read -r -a COUNTS <<< "$RANKS"
+for model in $MODELS; do
+  for ((i = 1; i < ${#COUNTS[@]}; i++)); do
+    few="$model-${COUNTS[i-1]}ranks" many="$model-${COUNTS[i]}ranks"
+    if [[ " ${JOBS[*]-} " == *" $few "* && " ${JOBS[*]-} " == *" $many "* ]]; then
+      PAIRS+=(--pair "$model" "$OUT/$few" "$OUT/$many" profiles)
+    fi
+  done
+done
+if [ ${#PAIRS[@]} -gt 0 ]; then
+  logged "one size predicted from the other" "$OUT/cross_size.log" \
+    "$PY" scripts/cross_size_report.py "${PAIRS[@]}" --out "$OUT/cross_size" \
+    --command "scripts/device_scale.sh (its last step: ${PAIRS[*]})" || true
+fi
 "$PY" scripts/scale_report.py "$OUT" ${JOBS[@]+"${JOBS[@]}"} --measured-only \
   --gpu ${GPU_DONE[@]+"${GPU_DONE[@]}"} \
   --command "MODELS='$MODELS' RANKS='$RANKS' RATE=$RATE BUDGET_S=$BUDGET_S scripts/device_scale.sh" \

@@ -123,6 +123,9 @@ def device_lines(root: str, jobs: list[str], command: str, machine: str,
         return lines + ["No job finished: see the logs beside this file.", ""]
     for job in jobs:
         lines += measured_section(root, job)
+    if os.path.exists(os.path.join(root, "cross_size", "README.md")):
+        lines += ["Each rank count predicted from the other's profiles: "
+                  "[cross_size/README.md](cross_size/README.md).", ""]
     return lines
 
 

@@ -84,3 +84,19 @@ def test_the_committed_report_is_computed_from_the_committed_jobs() -> None:
     sizes = {(pair["ranks_from"], pair["ranks_to"]) for pair in committed["pairs"]}
     assert sizes == {(2, 3), (3, 2)}
     assert all(pair["rows"] for pair in committed["pairs"])
+
+
+def test_other_jobs_are_paired_from_the_command_line(tmp_path: pathlib.Path) -> None:
+    """scripts/device_scale.sh passes its 4- and 8-rank jobs with --pair: the same rows as the
+    committed report's for the same pair, and a README that names the link."""
+    report = load_script("cross_size_report")
+    label, fewer, more, profiles = next(pair for pair in report.PAIRS if pair[3] != "floor")
+    out = tmp_path / "cross_size"
+    assert report.main(["--pair", label, fewer, more, profiles, "--out", str(out),
+                        "--command", "device_scale.sh"]) == 0
+    written = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    committed = json.loads((ROOT / report.OUT / "results.json").read_text(encoding="utf-8"))
+    assert written["command"] == "device_scale.sh"
+    assert written["pairs"] == [pair for pair in committed["pairs"] if pair["model"] == label]
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    assert "Link: loopback shaped to 1gbit" in readme
