@@ -105,7 +105,8 @@ def render(report: dict[str, Any]) -> str:
     sizes = sorted({pair[key] for pair in report["pairs"] for key in ("ranks_from", "ranks_to")})
     lines = [f"# One size predicts another: {' and '.join(map(str, sizes))} ranks on one "
              "loopback", "",
-             f"Command: `{report['command']}` (reads the jobs named below; nothing is run). Each job's commsched candidates are predicted from the profiles of the "
+             f"Command: `{report['command']}` (reads the jobs named below; nothing is run). "
+             "Each job's commsched candidates are predicted from the profiles of the "
              "same model's job on the other number of ranks, at the same link: planned as the "
              "run plans from its profile, on that profile's fitted collectives rescaled for the "
              "ranks that share the loopback (Note [Ranks on one shaped loopback] in "
