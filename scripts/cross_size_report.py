@@ -12,7 +12,8 @@ Pairs (each a `compare` job of both sizes, with where its profiles are):
   profile per job is kept (floor_profile.json, `floor`), so every candidate is predicted from it;
 * the built-in CNN at 1 Gbit/s (benchmarks/sim_validation/cnn-1gbit{,-3ranks},
   scripts/bench_sim.sh): each candidate from its own end-of-run profile, the
-  candidate<N>-end.json that compare's --predict-dir wrote (here into `predict`).
+  candidate<N>-end.json that compare's --predict-dir wrote (here into `predict`); and the same
+  under shard_optimizer (benchmarks/sim_validation/sharded-cnn-1gbit{,-3ranks}).
 scripts/device_scale.sh passes its own jobs with --pair (their profiles in `profiles`).
 """
 
@@ -37,7 +38,9 @@ COMMAND = ".venv/bin/python scripts/cross_size_report.py"
 PAIRS = (("ResNet-50, 2 Gbit/s", "benchmarks/real/resnet50/all",
           "benchmarks/real/resnet50-3ranks/all", "floor"),
          ("CNN, 1 Gbit/s", "benchmarks/sim_validation/cnn-1gbit",
-          "benchmarks/sim_validation/cnn-1gbit-3ranks", "predict"))
+          "benchmarks/sim_validation/cnn-1gbit-3ranks", "predict"),
+         ("CNN under shard_optimizer, 1 Gbit/s", "benchmarks/sim_validation/sharded-cnn-1gbit",
+          "benchmarks/sim_validation/sharded-cnn-1gbit-3ranks", "predict"))
 WITHIN = 0.15  # the bar benchmarks/sim_validation holds same-size predictions to
 
 

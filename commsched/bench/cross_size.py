@@ -59,7 +59,8 @@ def rescaled_document(document: dict[str, Any], ranks: int) -> dict[str, Any]:
         ranks: the ranks to predict.
 
     Returns:
-        A new document; the fits' samples are left out (they were timed on the old size).
+        A new document; the fits' samples are left out (they were timed on the old size). A
+        shard_optimizer run's profile is sharded among `ranks` ranks.
 
     Raises:
         ValueError: as shared_link_factor.
@@ -73,6 +74,13 @@ def rescaled_document(document: dict[str, Any], ranks: int) -> dict[str, Any]:
         fit["alpha_s"] *= factor
         fit["beta_s_per_byte"] *= per_byte
         fit.pop("samples", None)
+    if rescaled.get("update_shards", 1) > 1:
+        # shard_optimizer: each rank stepped 1/ranks_from of the parameters, and steps 1/ranks
+        # of them there (its calls' fit, per byte of a shard, holds as it is).
+        rescaled["update_shards"] = ranks
+        compute = rescaled.get("compute", {})
+        if "step_s" in compute:
+            compute["step_s"] *= ranks_from / ranks
     return rescaled
 
 

@@ -60,6 +60,23 @@ def test_rescaling_matches_what_a_shared_ring_moves() -> None:
     assert ratio == pytest.approx(2.0, rel=1e-3)
 
 
+def test_a_sharded_profile_is_sharded_among_the_new_ranks() -> None:
+    """shard_optimizer: each of n0 ranks stepped 1/n0 of the parameters (step_s), each of n1
+    ranks steps 1/n1 of them; the whole update (what the simulator reads) stays."""
+    ends = sorted((ROOT / "benchmarks/sim_validation/sharded-cnn-1gbit/predict")
+                  .glob("candidate*-end.json"))
+    sharded = next(e["profile"] for e in (json.loads(p.read_text(encoding="utf-8"))
+                                          for p in ends)
+                   if e["profile"].get("update_shards", 1) > 1)
+    assert sharded["update_shards"] == 2
+    three = rescaled_document(sharded, 3)
+    assert three["update_shards"] == 3
+    assert three["compute"]["step_s"] * 3 == pytest.approx(sharded["compute"]["step_s"] * 2)
+    plain = _document(RESNET)
+    assert "update_shards" not in rescaled_document(plain, 3)
+    assert rescaled_document(plain, 3)["compute"] == plain["compute"]
+
+
 def test_a_prediction_on_the_profiles_own_size_is_not_rescaled() -> None:
     document = _document(RESNET)
     results = json.loads((RESNET / "results.json").read_text(encoding="utf-8"))
