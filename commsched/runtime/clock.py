@@ -6,7 +6,7 @@ update groups trade (UpdateTimer)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,25 +22,47 @@ class UpdateTimer:
     """Times one call of the user's optimizer. On CUDA parameters the call only enqueues kernels
     on the current stream, so the host's clock would time the launches: the call is timed by
     CUDA events on that stream instead, read by the profiler once the device has passed them
-    (Note [Which clock] in profiler.py). Elsewhere, the CPU clock."""
+    (Note [Which clock] in profiler.py). Elsewhere, the CPU clock. Given the stepped optimizer's
+    `state`, a call that makes state for a parameter that had none is no sample (Note [A first
+    call makes the optimizer's state])."""
 
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, params: Sequence[torch.Tensor],
+                 state: Mapping[torch.Tensor, Any] | None = None) -> None:
         self._start: torch.cuda.Event | None = None
         self._started = 0.0
+        self._state = state
+        self._stateless = [p for p in params if not state.get(p)] if state is not None else []
         if params and params[0].is_cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
         else:
             self._started = time.perf_counter()
 
-    def stop(self) -> float | EventSpan:
-        """Seconds on the CPU clock, or the event pair to read on the device."""
+    def stop(self) -> float | EventSpan | None:
+        """Seconds on the CPU clock, or the event pair to read on the device; None where the
+        call made state for a parameter that had none."""
         if self._start is None:
-            return time.perf_counter() - self._started
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        return EventSpan(self._start, end)
+            took: float | EventSpan = time.perf_counter() - self._started
+        else:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            took = EventSpan(self._start, end)
+        state = self._state
+        if state is not None and any(state.get(p) for p in self._stateless):
+            return None
+        return took
 
+
+# Note [A first call makes the optimizer's state]
+# An optimizer's first step on a parameter makes its state (SGD's momentum buffer, Adam's two
+# moments): memory the size of the parameter, written for the first time. That call takes
+# several times as long as the ones after it, and the profiling steps' first call spans every
+# parameter, the largest size the update samples hold: a least-squares line leans on it most.
+# In the real models' benchmark jobs the fitted cost of one call over every byte came out at
+# about twice the measured step (figures: benchmarks/notes/README.md, 'A first call makes the
+# optimizer's state'). Such a call is not what the planner's update groups and the simulator
+# need, the cost of the calls of every later iteration, so it is left out of the samples. A
+# call that makes no state (SGD without momentum) is timed as any other.
 
 # Note [A pause is not compute]
 # The compute before an iteration's first gradient is timed from the end of the previous step(),
@@ -70,7 +92,7 @@ class StepClock:
 
     def time_update(
             self, step: Callable[[], Any],
-            in_two_calls: Callable[[], list[tuple[int, float | EventSpan]]] | None) -> Any:
+            in_two_calls: Callable[[], list[tuple[int, float | EventSpan | None]]] | None) -> Any:
         """The user's optimizer step under a synchronous plan, timed for the profiler and the
         timeline. `in_two_calls`, while an overlap plan may follow (profiling steps with a
         runner), makes the same update in two calls of different sizes instead, so that the

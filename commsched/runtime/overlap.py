@@ -277,7 +277,8 @@ class OverlapRunner:
         events on CUDA (Note [Which clock]), only when the profiler keeps this iteration. A
         sharded group's copy is no optimizer call: its time is the forward's."""
         started, engine = _C.now_us(), self._engine
-        timer = UpdateTimer(params) if engine.sampling and not self.gathers_parameters else None
+        timer = UpdateTimer(params, self._deferred.user.state) \
+            if engine.sampling and not self.gathers_parameters else None
         update()
         if timer is not None:
             engine.profiler.note_update(nbytes, timer.stop())

@@ -190,9 +190,12 @@ class Profiler:
         values.append(seconds)
         _keep_last(values, KEEP_ITERATIONS)
 
-    def note_update(self, nbytes: int, took: float | EventSpan) -> None:
+    def note_update(self, nbytes: int, took: float | EventSpan | None) -> None:
         """One optimizer call on `nbytes` of parameters: seconds on the CPU clock, or an event
-        pair (UpdateTimer on CUDA), read once the device has passed its end."""
+        pair (UpdateTimer on CUDA), read once the device has passed its end; None, a call that
+        is no sample (Note [A first call makes the optimizer's state] in clock.py)."""
+        if took is None:
+            return
         if isinstance(took, EventSpan):
             self.clocks["update_s"] = DEVICE_EVENT
             self._pending_updates.append((nbytes, took))

@@ -193,7 +193,8 @@ class ShardedState:
                 view.grad = shard.narrow(0, segment.shard_offset, segment.numel).view_as(view) \
                     .mul(self._postscale)
             if owned:
-                timer = UpdateTimer([owned[0][1]]) if sampling else None
+                timer = UpdateTimer([view for _, view in owned], sub.state) \
+                    if sampling else None
                 self._step(sub)
                 if timer is not None:
                     self._engine.profiler.note_update(

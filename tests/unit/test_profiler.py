@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import pytest
+import torch
 
 from commsched.plan import NetModel, TensorSpec
+from commsched.runtime.clock import UpdateTimer
 from commsched.runtime.collective_fit import fit_alpha_beta, fit_collective
 from commsched.runtime.profiler import (
     KEEP_COLLECTIVE_SAMPLES,
@@ -189,3 +194,58 @@ def test_waiting_for_a_device_timed_update_has_a_timeout() -> None:
     prof.note_update(20, 1e-3)
     with pytest.raises(TimeoutError, match=r"timed out after 0.05 s \(COMMSCHED_TIMEOUT\)"):
         prof.update_cost()
+
+
+@pytest.mark.parametrize(("make", "first_is_sample"), [
+    (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), False),
+    (lambda params: torch.optim.Adam(params, lr=0.1), False),
+    (lambda params: torch.optim.SGD(params, lr=0.1), True),  # makes no state
+])
+def test_a_call_that_makes_the_optimizers_state_is_no_sample(
+        make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+        first_is_sample: bool) -> None:
+    """Note [A first call makes the optimizer's state]: the profiler drops that call, keeps
+    every later one, and keeps every call of an optimizer that makes no state."""
+    params = [torch.nn.Parameter(torch.ones(1000)) for _ in range(2)]
+    optimizer = make(params)
+    prof = Profiler(num_tensors=2)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        timer = UpdateTimer(params, optimizer.state)
+        optimizer.step()
+        prof.note_update(8000, timer.stop())
+    assert len(prof.update_samples) == (3 if first_is_sample else 2)
+    assert all(seconds > 0 for _, seconds in prof.update_samples)
+    # Without the state, every call is a sample (a caller that cannot name it).
+    timer = UpdateTimer(params)
+    optimizer.step()
+    assert isinstance(timer.stop(), float)
+
+
+def test_the_split_profiling_update_steps_once_even_when_it_is_no_sample() -> None:
+    """The profiling steps' two calls (DeferredUpdates.step_all_in_two_calls) make SGD's
+    momentum at the first step: no samples then, but the update is made once, as one call
+    of the user's optimizer makes it."""
+    import commsched
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    twin = copy.deepcopy(model)
+    ours = commsched.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model=model,
+        named_parameters=model.named_parameters(), policy="bytescheduler", profile_steps=3)
+    plain = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    profiler = ours.session.engine.profiler
+    counts = []
+    for step in range(3):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        for net, opt in ((model, ours), (twin, plain)):
+            opt.zero_grad()
+            net(x).square().sum().backward()
+            opt.step()
+        counts.append(len(profiler.update_samples))
+    assert counts[:2] == [0, 2]  # the first step's calls made the momentum; the next two count
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(a, b)
+    ours.session.close()
