@@ -23,8 +23,8 @@ class UpdateTimer:
     on the current stream, so the host's clock would time the launches: the call is timed by
     CUDA events on that stream instead, read by the profiler once the device has passed them
     (Note [Which clock] in profiler.py). Elsewhere, the CPU clock. Given the stepped optimizer's
-    `state`, a call that makes state for a parameter that had none is no sample (Note [A first
-    call makes the optimizer's state])."""
+    `state`, it tells a call that made state for a parameter that had none (Note [A first call
+    makes the optimizer's state])."""
 
     def __init__(self, params: Sequence[torch.Tensor],
                  state: Mapping[torch.Tensor, Any] | None = None) -> None:
@@ -38,19 +38,19 @@ class UpdateTimer:
         else:
             self._started = time.perf_counter()
 
-    def stop(self) -> float | EventSpan | None:
-        """Seconds on the CPU clock, or the event pair to read on the device; None where the
-        call made state for a parameter that had none."""
+    def stop(self) -> float | EventSpan:
+        """Seconds on the CPU clock, or the event pair to read on the device."""
         if self._start is None:
-            took: float | EventSpan = time.perf_counter() - self._started
-        else:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            took = EventSpan(self._start, end)
+            return time.perf_counter() - self._started
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return EventSpan(self._start, end)
+
+    @property
+    def made_state(self) -> bool:
+        """After the call: whether it made state for a parameter that had none."""
         state = self._state
-        if state is not None and any(state.get(p) for p in self._stateless):
-            return None
-        return took
+        return state is not None and any(state.get(p) for p in self._stateless)
 
 
 # Note [A first call makes the optimizer's state]
@@ -61,8 +61,10 @@ class UpdateTimer:
 # In the real models' benchmark jobs the fitted cost of one call over every byte came out at
 # about twice the measured step (figures: benchmarks/notes/README.md, 'A first call makes the
 # optimizer's state'). Such a call is not what the planner's update groups and the simulator
-# need, the cost of the calls of every later iteration, so it is left out of the samples. A
-# call that makes no state (SGD without momentum) is timed as any other.
+# need, the cost of the calls of every later iteration, so the profiler keeps such calls apart
+# and fits them only where later calls of two sizes are missing (a world of one splits only
+# its first step's update, Note [A world of one steps as the plain optimizer]). A call that
+# makes no state (SGD without momentum) is a sample as any other.
 
 # Note [A pause is not compute]
 # The compute before an iteration's first gradient is timed from the end of the previous step(),
@@ -92,12 +94,12 @@ class StepClock:
 
     def time_update(
             self, step: Callable[[], Any],
-            in_two_calls: Callable[[], list[tuple[int, float | EventSpan | None]]] | None) -> Any:
+            in_two_calls: Callable[[], list[tuple[int, float | EventSpan, bool]]] | None) -> Any:
         """The user's optimizer step under a synchronous plan, timed for the profiler and the
         timeline. `in_two_calls`, while an overlap plan may follow (profiling steps with a
         runner), makes the same update in two calls of different sizes instead, so that the
         profile can tell an optimizer call's fixed cost from its cost per byte (the planner's
-        update groups trade the two); it returns (bytes, seconds) per call."""
+        update groups trade the two); it returns (bytes, seconds, made_state) per call."""
         engine = self._engine
         started = _C.now_us()
         samples = in_two_calls() if in_two_calls is not None else []
@@ -106,8 +108,8 @@ class StepClock:
         engine.span("update", started)
         if engine.sampling or samples:
             engine.profiler.note("step_s", (self.step_end_us - started) / 1e6)
-        for nbytes, seconds in samples:
-            engine.profiler.note_update(nbytes, seconds)
+        for nbytes, seconds, made_state in samples:
+            engine.profiler.note_update(nbytes, seconds, made_state)
         return result
 
     def time_sharded(self, step: Callable[[], float]) -> None:

@@ -271,7 +271,7 @@ class DeferredUpdates:
         self.base_step(optimizer if optimizer is not None else self._optimizer_for(params))
         _C.clear_grads(params)
 
-    def step_all_in_two_calls(self) -> list[tuple[int, float | EventSpan | None]]:
+    def step_all_in_two_calls(self) -> list[tuple[int, float | EventSpan, bool]]:
         """Steps every parameter of the user's optimizer that has a gradient, in two calls:
         the smallest one alone, then the rest; gradients are left in place (a synchronous
         step). Each parameter is stepped once, as one call would, so the update is the same;
@@ -284,12 +284,13 @@ class DeferredUpdates:
             return []
         self.snapshot()
         smallest = min(range(len(params)), key=lambda i: params[i].numel())
-        samples: list[tuple[int, float | EventSpan | None]] = []
+        samples: list[tuple[int, float | EventSpan, bool]] = []
         for subset in ([params[smallest]], params[:smallest] + params[smallest + 1:]):
             optimizer = self._optimizer_for(subset)
-            # Device events on CUDA (Note [Which clock]); None for the call that makes the
-            # state (Note [A first call makes the optimizer's state]).
+            # Device events on CUDA (Note [Which clock]); the call that makes the state told
+            # apart (Note [A first call makes the optimizer's state]).
             timer = UpdateTimer(subset, optimizer.state)
             self.base_step(optimizer)
-            samples.append((sum(p.numel() * p.element_size() for p in subset), timer.stop()))
+            samples.append((sum(p.numel() * p.element_size() for p in subset), timer.stop(),
+                            timer.made_state))
         return samples

@@ -281,7 +281,7 @@ class OverlapRunner:
             if engine.sampling and not self.gathers_parameters else None
         update()
         if timer is not None:
-            engine.profiler.note_update(nbytes, timer.stop())
+            engine.profiler.note_update(nbytes, timer.stop(), timer.made_state)
         self._update_us += 0 if self.gathers_parameters else _C.now_us() - started
         if engine.timeline:
             engine.span("update", started, tensors=len(params))

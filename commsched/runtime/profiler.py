@@ -86,7 +86,10 @@ class Profiler:
     clocks: dict[str, str] = field(default_factory=dict)
     # (bytes, events) of optimizer calls timed on the device that it may not have reached yet;
     # read into update_samples once it has (Note [Which clock]).
-    _pending_updates: list[tuple[int, EventSpan]] = field(default_factory=list)
+    _pending_updates: list[tuple[int, EventSpan, bool]] = field(default_factory=list)
+    # The calls that made the optimizer's state, apart (Note [A first call makes the optimizer's
+    # state] in clock.py): fitted only where update_samples lack two sizes.
+    first_update_samples: list[tuple[int, float]] = field(default_factory=list)
     _kept_samples: int = 0  # over collective_rounds
     _restart: bool = False  # the next recorded iteration starts the window (restart_window)
     _restart_steady: bool = False  # ... and the window it starts is steady
@@ -190,23 +193,23 @@ class Profiler:
         values.append(seconds)
         _keep_last(values, KEEP_ITERATIONS)
 
-    def note_update(self, nbytes: int, took: float | EventSpan | None) -> None:
+    def note_update(self, nbytes: int, took: float | EventSpan, made_state: bool = False
+                    ) -> None:
         """One optimizer call on `nbytes` of parameters: seconds on the CPU clock, or an event
-        pair (UpdateTimer on CUDA), read once the device has passed its end; None, a call that
-        is no sample (Note [A first call makes the optimizer's state] in clock.py)."""
-        if took is None:
-            return
+        pair (UpdateTimer on CUDA), read once the device has passed its end; `made_state`: the
+        call made the optimizer's state for some parameter (kept apart)."""
         if isinstance(took, EventSpan):
             self.clocks["update_s"] = DEVICE_EVENT
-            self._pending_updates.append((nbytes, took))
+            self._pending_updates.append((nbytes, took, made_state))
             self._read_updates(wait=False)
         else:
             self.clocks["update_s"] = CPU
-            self._add_update(nbytes, took)
+            self._add_update(nbytes, took, made_state)
 
-    def _add_update(self, nbytes: int, seconds: float) -> None:
-        self.update_samples.append((nbytes, seconds))
-        _keep_last(self.update_samples, KEEP_COLLECTIVE_SAMPLES)
+    def _add_update(self, nbytes: int, seconds: float, made_state: bool) -> None:
+        samples = self.first_update_samples if made_state else self.update_samples
+        samples.append((nbytes, seconds))
+        _keep_last(samples, KEEP_COLLECTIVE_SAMPLES)
 
     def _read_updates(self, wait: bool) -> None:
         """Moves the pending event pairs the device has passed (all of them when `wait`: then
@@ -216,7 +219,7 @@ class Profiler:
         deadline = time.monotonic() + self.timeout_s
         pause = 1e-5  # growing sleeps, as Note [Waiting for device work] in the engine
         while pending:
-            nbytes, span = pending[0]
+            nbytes, span, made_state = pending[0]
             if not span.end.query():
                 if not wait:
                     return
@@ -228,7 +231,7 @@ class Profiler:
                 pause = min(2 * pause, 2.5e-4)
                 continue
             pending.pop(0)
-            self._add_update(nbytes, span.start.elapsed_time(span.end) / 1e3)
+            self._add_update(nbytes, span.start.elapsed_time(span.end) / 1e3, made_state)
 
     def update_cost(self) -> NetModel | None:
         """One optimizer call's cost as fixed (alpha) + per byte (beta); None until calls of at
@@ -236,6 +239,8 @@ class Profiler:
         keeps the profiling steps' samples rather than only the latest half)."""
         self._read_updates(wait=True)
         samples = self.update_samples
+        if len({n for n, _ in samples}) < 2:  # Note [A first call makes the optimizer's state]
+            samples = samples + self.first_update_samples
         if len({n for n, _ in samples}) < 2:
             return None
         return fit_alpha_beta(samples)

@@ -198,7 +198,8 @@ class ShardedState:
                 self._step(sub)
                 if timer is not None:
                     self._engine.profiler.note_update(
-                        sum(v.numel() * v.element_size() for _, v in owned), timer.stop())
+                        sum(v.numel() * v.element_size() for _, v in owned), timer.stop(),
+                        timer.made_state)
             for segment, view in owned:
                 view.grad = None
                 gradient_of(segment.tensor_id).view(-1).narrow(

@@ -204,8 +204,8 @@ def test_waiting_for_a_device_timed_update_has_a_timeout() -> None:
 def test_a_call_that_makes_the_optimizers_state_is_no_sample(
         make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
         first_is_sample: bool) -> None:
-    """Note [A first call makes the optimizer's state]: the profiler drops that call, keeps
-    every later one, and keeps every call of an optimizer that makes no state."""
+    """Note [A first call makes the optimizer's state]: the profiler keeps that call apart,
+    every later one as a sample, and every call of an optimizer that makes no state."""
     params = [torch.nn.Parameter(torch.ones(1000)) for _ in range(2)]
     optimizer = make(params)
     prof = Profiler(num_tensors=2)
@@ -214,13 +214,27 @@ def test_a_call_that_makes_the_optimizers_state_is_no_sample(
             p.grad = torch.ones_like(p)
         timer = UpdateTimer(params, optimizer.state)
         optimizer.step()
-        prof.note_update(8000, timer.stop())
+        prof.note_update(8000, timer.stop(), timer.made_state)
     assert len(prof.update_samples) == (3 if first_is_sample else 2)
+    assert len(prof.first_update_samples) == (0 if first_is_sample else 1)
     assert all(seconds > 0 for _, seconds in prof.update_samples)
     # Without the state, every call is a sample (a caller that cannot name it).
     timer = UpdateTimer(params)
     optimizer.step()
-    assert isinstance(timer.stop(), float)
+    assert isinstance(timer.stop(), float) and not timer.made_state
+
+
+def test_first_calls_are_fitted_only_where_later_ones_lack_two_sizes() -> None:
+    prof = Profiler(num_tensors=1)
+    prof.note_update(1000, 1e-3, made_state=True)
+    prof.note_update(4000, 90e-3, made_state=True)  # slow: it made the state
+    prof.note_update(4000, 4e-3)
+    fallback = prof.update_cost()  # one size of later calls: the first ones make the fit
+    assert fallback is not None and fallback.beta > 5e-6  # the slow first call leans on it
+    prof.note_update(2000, 2e-3)
+    cost = prof.update_cost()
+    assert cost is not None
+    assert (cost.alpha, cost.beta) == (pytest.approx(0.0, abs=1e-9), pytest.approx(1e-6))
 
 
 def test_the_split_profiling_update_steps_once_even_when_it_is_no_sample() -> None:
@@ -246,6 +260,7 @@ def test_the_split_profiling_update_steps_once_even_when_it_is_no_sample() -> No
             opt.step()
         counts.append(len(profiler.update_samples))
     assert counts[:2] == [0, 2]  # the first step's calls made the momentum; the next two count
+    assert len(profiler.first_update_samples) == 2
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
     ours.session.close()
