@@ -56,7 +56,7 @@ class UpdateTimer:
 # Note [A first call makes the optimizer's state]
 # An optimizer's first step on a parameter makes its state (SGD's momentum buffer, Adam's two
 # moments): memory the size of the parameter, written for the first time. That call takes
-# several times as long as the ones after it, and the profiling steps' first call spans every
+# several times as long as the ones after it, and the profiling steps' first calls span every
 # parameter, the largest size the update samples hold: a least-squares line leans on it most.
 # In the real models' benchmark jobs the fitted cost of one call over every byte came out at
 # about twice the measured step (figures: benchmarks/notes/README.md, 'A first call makes the
