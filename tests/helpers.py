@@ -4,6 +4,9 @@ Each rank sees RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as under torchrun, 
 ``commsched.init()`` takes its torchrun path. The whole job has a hard timeout: ranks still
 running then are killed and the failure says which ones hung; a rank that died by a signal or a
 non-zero exit code, or raised, is reported with its traceback.
+
+Beside it, the small steps several tests share: step_alike (a wrapped optimizer and the plain one
+it must match, stepped side by side) and one_group_per_module.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 
 class DistributedTestError(AssertionError):
@@ -126,3 +131,13 @@ def one_group_per_module(opt: Any) -> list[str]:
     opt.flush()
     runner.activate(dataclasses.replace(opt.plan, update_groups=()))
     return list(runner.hooked_modules)
+
+
+def step_alike(pairs: Sequence[tuple[torch.nn.Module, torch.optim.Optimizer]],
+               x: torch.Tensor) -> None:
+    """One training step of each (model, optimizer) on the same input, the sum of the squared
+    outputs as the loss: a wrapped optimizer beside the plain one it must match."""
+    for model, optimizer in pairs:
+        optimizer.zero_grad()
+        model(x).square().sum().backward()
+        optimizer.step()

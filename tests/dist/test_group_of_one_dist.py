@@ -6,7 +6,7 @@ the plain optimizer's result, and every figure says it came from the CPU clock."
 from __future__ import annotations
 
 import torch
-from helpers import distributed_test
+from helpers import distributed_test, step_alike
 from torch import nn
 
 
@@ -26,10 +26,7 @@ def _job() -> dict:
     plain = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
     for step in range(4):
         x = torch.randn(5, 8, generator=torch.Generator().manual_seed(step))
-        for m, o in ((model, opt), (twin, plain)):
-            o.zero_grad()
-            m(x).square().sum().backward()
-            o.step()
+        step_alike(((model, opt), (twin, plain)), x)
     engine = opt.session.engine
     out = {"group": engine._group is not None, "world": engine._engine.world_size,
            "clocks": engine._engine.last_clocks(), "doc": opt.session.profile_document(),

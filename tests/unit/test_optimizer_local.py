@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import step_alike
 from torch import nn
 
 import commsched
@@ -61,10 +62,7 @@ def test_same_result_as_plain_optimizer(model) -> None:
     plain = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
     for step in range(4):
         x = torch.randn(5, 3, generator=torch.Generator().manual_seed(step))
-        for m, opt in ((model, ours), (twin, plain)):
-            opt.zero_grad()
-            m(x).square().sum().backward()
-            opt.step()
+        step_alike(((model, ours), (twin, plain)), x)
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)
     assert ours.plan.policy == "mgwfbp"

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers import step_alike
 
 from commsched.plan import NetModel, TensorSpec
 from commsched.runtime.clock import UpdateTimer
@@ -254,10 +255,7 @@ def test_the_split_profiling_update_steps_once_even_when_it_is_no_sample() -> No
     counts = []
     for step in range(3):
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
-        for net, opt in ((model, ours), (twin, plain)):
-            opt.zero_grad()
-            net(x).square().sum().backward()
-            opt.step()
+        step_alike(((model, ours), (twin, plain)), x)
         counts.append(len(profiler.update_samples))
     assert counts[:2] == [0, 2]  # the first step's calls made the momentum; the next two count
     assert len(profiler.first_update_samples) == 2

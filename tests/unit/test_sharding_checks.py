@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import step_alike
 from torch import nn
 
 import commsched
@@ -59,10 +60,7 @@ def test_a_world_of_one_trains_as_the_plain_optimizer() -> None:
     plain = torch.optim.Adam(twin.parameters(), lr=0.1)
     x = torch.randn(4, 3)
     for _ in range(3):
-        for m, o in ((model, opt), (twin, plain)):
-            o.zero_grad()
-            m(x).square().sum().backward()
-            o.step()
+        step_alike(((model, opt), (twin, plain)), x)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(),
                                                  strict=True))
     opt.session.close()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers import step_alike
 from torch import nn
 
 import commsched
@@ -487,11 +488,8 @@ def test_deferred_updates_follow_hyper_parameters_set_between_steps(policy: str)
                 opt.param_groups[0]["lr"] = 1e-2 / (step + 1)
             if step == 7:
                 opt.param_groups[0]["weight_decay"] = 0.5
-        for net, opt in ((model, ours), (twin, plain)):
-            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
-            opt.zero_grad()
-            net(x).square().sum().backward()
-            opt.step()
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        step_alike(((model, ours), (twin, plain)), x)
     assert ours.session.defers_updates
     ours.flush()
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
