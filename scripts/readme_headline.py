@@ -124,14 +124,14 @@ def real_commands(root: pathlib.Path = ROOT) -> list[str]:
     (the other counts write elsewhere) and a model at the link the headline shows it on (a run
     at another speed was moved aside, e.g. benchmarks/real/gpt2-4gbit/)."""
     lines = (root / REAL_COMMANDS).read_text(encoding="utf-8").splitlines()
+    shown = {pathlib.PurePosixPath(folder).name: link for _, folder, link in REAL}
     kept = []
     for line in filter(str.strip, lines):
         settings = _settings(line)
         models = settings.get("MODELS", "").split()
         if settings.get("RANKS") == "2" and any(
-                pathlib.PurePosixPath(folder).name in models
-                and settings.get(f"{pathlib.PurePosixPath(folder).name.upper()}_RATE") == link
-                for _, folder, link in REAL):
+                model in models and settings.get(f"{model.upper()}_RATE") == link
+                for model, link in shown.items()):
             kept.append(line)
     return kept
 

@@ -141,12 +141,12 @@ def predict_on(document: dict[str, Any], policy: Policy, knobs: dict[str, str], 
     """
     ranks_from = int(document["world_size"])
     target = document if ranks == ranks_from else rescaled_document(document, ranks)
-    factor = 1.0 if ranks == ranks_from else shared_link_factor(ranks_from, ranks)
     cfg = load_config({"policy": policy.value, **knobs}, environ={})
     run = profile_from_document(target)
     plan = PlanCache(run, cfg).plan(policy, {key: getattr(cfg, key) for key in knobs},
                                     FittedNetwork.from_document(target))
-    result = predict(target, plan, policy, allreduce_all_ms=allreduce_all_ms * factor)
+    result = predict(target, plan, policy,
+                     allreduce_all_ms=allreduce_all_ms * shared_link_factor(ranks_from, ranks))
     return 1e3 * result.iteration_s
 
 
@@ -177,17 +177,16 @@ def cross_size(source: dict[str, Any], target: dict[str, Any],
         name = row["name"]
         if name not in profile_of:
             continue
-        policy, knobs = parse_candidate(name)
+        label, knobs = parse_candidate(name)
         if name in kept:
-            policy = kept[name]["auto_policy"]
+            label = kept[name]["auto_policy"]
             knobs = {key: str(value) for key, value in kept[name]["auto_knobs"].items()}
-        document, own = profile_of[name], target_profile_of[name]
-        predicted = [predict_on(document, Policy(policy), knobs, ranks, allreduce_ms)
+        policy, document, own = Policy(label), profile_of[name], target_profile_of[name]
+        predicted = [predict_on(document, policy, knobs, ranks, allreduce_ms)
                      for ranks in (ranks_from, ranks_to)]
-        mixed = predict_on(with_collectives_of(own, document), Policy(policy), knobs, ranks_to,
+        mixed = predict_on(with_collectives_of(own, document), policy, knobs, ranks_to,
                            rescaled_ms)
         rows.append(SizePrediction(
-            name, policy, knobs, measured_from.get(name), predicted[0], row["median_ms"],
-            predicted[1], mixed, predict_on(own, Policy(policy), knobs, ranks_to,
-                                            allreduce_to_ms)))
+            name, label, knobs, measured_from.get(name), predicted[0], row["median_ms"],
+            predicted[1], mixed, predict_on(own, policy, knobs, ranks_to, allreduce_to_ms)))
     return rows

@@ -84,8 +84,9 @@ class Profiler:
     update_samples: list[tuple[int, float]] = field(default_factory=list)
     # Figure kind -> clock (Note [Which clock]); a kind appears once a figure of it was recorded.
     clocks: dict[str, str] = field(default_factory=dict)
-    # (bytes, events) of optimizer calls timed on the device that it may not have reached yet;
-    # read into update_samples once it has (Note [Which clock]).
+    # (bytes, events, made_state) of optimizer calls timed on the device that it may not have
+    # reached yet; read into update_samples (or first_update_samples) once it has (Note [Which
+    # clock]).
     _pending_updates: list[tuple[int, EventSpan, bool]] = field(default_factory=list)
     # The calls that made the optimizer's state, apart (Note [A first call makes the optimizer's
     # state] in clock.py): fitted only where update_samples lack two sizes.
