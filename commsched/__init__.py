@@ -21,7 +21,7 @@ from .compression import Compression
 from .config import ConfigError, Policy, load_config
 from .ops import Adasum, Average, ReduceOp, Sum
 from .optimizer import DistributedOptimizer
-from .world import MismatchError, RankFailureError, StallWarning
+from .world import LauncherError, MismatchError, RankFailureError, StallWarning
 from .world.bootstrap import (
     init,
     is_initialized,
@@ -35,8 +35,8 @@ from .world.broadcast import broadcast_object, broadcast_optimizer_state, broadc
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "MismatchError",
-    "Policy", "RankFailureError", "ReduceOp", "StallWarning", "Sum", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "checkpoint", "init", "is_initialized",
-    "load_config", "local_rank", "rank", "shutdown", "size",
+    "Adasum", "Average", "Compression", "ConfigError", "DistributedOptimizer", "LauncherError",
+    "MismatchError", "Policy", "RankFailureError", "ReduceOp", "StallWarning", "Sum",
+    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "checkpoint", "init",
+    "is_initialized", "load_config", "local_rank", "rank", "shutdown", "size",
 ]

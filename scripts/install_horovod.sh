@@ -29,9 +29,12 @@ if ! TORCH="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; t
   say "torch is not importable by $PY: install torch there first (Horovod is built against it)"
   exit 1
 fi
-# Works already: imports, and was built against this torch (Horovod itself only warns when the
-# torch it was built against differs but its extension still loads).
-if "$PY" - "$HVD_VERSION" 2>/dev/null <<'PYEOF'
+# Works already: imports, was built against this torch (Horovod itself only warns when the
+# torch it was built against differs but its extension still loads), and has MPI where mpicxx
+# is found (a Horovod built before MPI was installed is built again).
+WANT_MPI=0
+if command -v mpicxx >/dev/null 2>&1; then WANT_MPI=1; fi
+if "$PY" - "$HVD_VERSION" "$WANT_MPI" 2>/dev/null <<'PYEOF'
 import json
 import os
 import sys
@@ -42,7 +45,9 @@ import torch
 
 with open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")) as handle:
     built_for = json.load(handle).get("pytorch")
-sys.exit(0 if horovod.__version__ == sys.argv[1] and built_for == torch.__version__ else 1)
+mpi_ok = sys.argv[2] == "0" or horovod.torch.mpi_built()
+sys.exit(0 if horovod.__version__ == sys.argv[1] and built_for == torch.__version__ and mpi_ok
+         else 1)
 PYEOF
 then
   say "horovod $HVD_VERSION already works with torch $TORCH ($PY)"

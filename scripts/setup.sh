@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything commsched needs into .venv: torch (CPU 2.13.0 unless one is importable),
-# Horovod 0.28.1 built with PyTorch + Gloo (scripts/install_horovod.sh), and commsched itself
+# Open MPI, MPICH, Slurm and munge (Debian's packages, as root), Horovod 0.28.1 built with
+# PyTorch + Gloo + MPI (scripts/install_horovod.sh), and commsched itself
 # (editable, compiling csrc/ against that torch; docs/install.md).
 # Idempotent: each step checks whether its result is already there.
 set -euo pipefail
@@ -65,7 +66,30 @@ if ! "$PY" -c "import transformers, lightning" 2>/dev/null; then
     "torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
 fi
 
-step "horovod 0.28.1 (PyTorch + Gloo)"
+step "system packages (Open MPI, MPICH, Slurm, munge)"
+# Horovod is built with MPI where mpicxx is found (clusters mostly run it so), and the launcher
+# tests run Open MPI's mpirun, MPICH's mpiexec.hydra and srun of a one-node Slurm they start.
+# Debian's packages, as root; elsewhere those tests skip, saying why.
+SYSTEM_COMMANDS=(mpirun.openmpi mpicxx.openmpi mpiexec.hydra srun sbatch slurmctld slurmd munged)
+missing=()
+for name in "${SYSTEM_COMMANDS[@]}"; do
+  command -v "$name" >/dev/null 2>&1 || missing+=("$name")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    PACKAGES=(openmpi-bin libopenmpi-dev mpich slurmd slurmctld slurm-client munge)
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null; then
+      apt-get update -q >/dev/null
+      apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null
+    fi
+  else
+    echo "setup.sh: ${missing[*]} not found and not root with apt-get: Horovod is built without" \
+      "MPI and the mpirun and srun tests skip" >&2
+  fi
+fi
+
+step "horovod 0.28.1 (PyTorch + Gloo, and MPI where mpicxx is found)"
 # The recipe (C++17 wrapper, CMake policy, flags, a wheel cache per torch) lives in that script
 # alone; it returns at once when horovod.torch already imports.
 "$ROOT/scripts/install_horovod.sh" "$PY"

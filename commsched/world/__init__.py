@@ -6,9 +6,9 @@ world.broadcast; process sets (process_set=) are views of the world (world.proce
 
 from .bootstrap import init
 from .consistency import check_identical, parameter_signature
-from .errors import MismatchError, RankFailureError
+from .errors import LauncherError, MismatchError, RankFailureError
 from .liveness import StallWarning
 from .view import World
 
-__all__ = ["MismatchError", "RankFailureError", "StallWarning", "World", "check_identical",
-           "init", "parameter_signature"]
+__all__ = ["LauncherError", "MismatchError", "RankFailureError", "StallWarning", "World",
+           "check_identical", "init", "parameter_signature"]

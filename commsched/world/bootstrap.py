@@ -1,10 +1,15 @@
-"""Process-group bootstrap for the three ways a job is launched.
+"""Process-group bootstrap for every way a job is launched (Note [Which launcher started this
+process] in world/launchers.py says how the launcher is read).
 
-* ``horovodrun``: ``hvd.init()``; rank 0 opens a ``TCPStore`` on a free port and broadcasts its
-  address with Horovod (under an explicit name: Horovod names an unnamed broadcast_object after
-  the object's type, which differs between root and receivers and hangs every rank).
+* ``horovodrun`` (Gloo controller): ``hvd.init()``; rank 0 opens a ``TCPStore`` on a free port
+  and broadcasts its address with Horovod (under an explicit name: Horovod names an unnamed
+  broadcast_object after the object's type, which differs between root and receivers and hangs
+  every rank).
 * ``torchrun``: ``env://`` rendezvous from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; in
   the agent's store under a prefix of the attempt when ``--max-restarts`` may restart the group.
+* ``mpirun``/``mpiexec`` (Open MPI, horovodrun's MPI controller, MVAPICH2, MPICH, Intel MPI) and
+  ``srun``: rank and size from the launcher, the rendezvous as Note [Finding the rendezvous]
+  says.
 * a lone process: world size 1, no network at all.
 """
 
@@ -13,6 +18,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import socket
+import sys
+import tempfile
 import time
 
 import torch
@@ -20,8 +28,9 @@ import torch.distributed as dist
 
 from ..config import load_config
 from . import groups, registry
-from .errors import elastic, import_horovod
+from .errors import LauncherError, elastic, import_horovod
 from .interfaces import address_towards, choose_gloo_interface
+from .launchers import LaunchedAs, derived_port, read_launcher
 from .view import Launcher, World
 
 log = logging.getLogger("commsched")
@@ -39,18 +48,28 @@ def _backend() -> str:
 HOROVODRUN = "this process was started by horovodrun (HOROVOD_RANK is set)"
 
 
-def _horovod_world(timeout: float) -> World:
-    hvd = import_horovod(HOROVODRUN)
+def _horovod_world(timeout: float, launched: LaunchedAs | None = None) -> World:
+    """The world through Horovod: started by horovodrun (`launched` None), or by an MPI
+    launcher whose ranks Horovod (built with MPI) connects (Note [Finding the rendezvous])."""
+    hvd = import_horovod(HOROVODRUN if launched is None else
+                         f"this {launched.name} job ({launched.describe()}) forms its world "
+                         "through Horovod")
 
     hvd.init()
     rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+    if launched is not None and (rank, size) != (launched.rank, launched.size):
+        raise LauncherError(f"commsched: Horovod says rank {rank} of {size}, but the launcher "
+                            f"says rank {launched.rank} of {launched.size} "
+                            f"({launched.describe()}): was hvd.init() given a process set or "
+                            "another communicator?")
     if size == 1:
         return World(rank, 1, local_rank, Launcher.HOROVOD, None, None, False, timeout)
     delta = datetime.timedelta(seconds=timeout)
     if dist.is_initialized():
         return _existing_world(timeout)
     store = None
-    rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or (
+        "127.0.0.1" if launched is None or launched.single_host else _route_probe())
     choose_gloo_interface(rendezvous, _backend())
     if rank == 0:
         port = int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1"))
@@ -65,6 +84,155 @@ def _horovod_world(timeout: float) -> World:
     dist.init_process_group(_backend(), store=store, rank=rank, world_size=size, timeout=delta)
     w = _world_from_group(rank, size, local_rank, Launcher.HOROVOD, True, timeout)
     w.store_address = (address[0], int(address[1]))
+    return w
+
+
+def _route_probe() -> str:
+    """A host whose route leaves this one towards the job's other hosts: Open MPI's mpirun host
+    (from its URI), else this host's own name resolved."""
+    uri = os.environ.get("OMPI_MCA_orte_hnp_uri", "")  # noqa: SIM112 (Open MPI's spelling)
+    for part in uri.split(";")[1:]:
+        if part.startswith("tcp://"):
+            return part[len("tcp://"):].split(",")[0].rsplit(":", 1)[0]
+    return socket.gethostbyname(socket.getfqdn())
+
+
+# Note [Finding the rendezvous]
+# An MPI launcher or srun says each process's rank and the job's size, but c10d needs one
+# address that every rank reaches, where rank 0 serves a TCPStore. The first of these wins
+# (docs/usage.md, "Launchers", says it to users):
+# 1. MASTER_ADDR (and MASTER_PORT, else a port derived from the job) set by the user or the
+#    job script, as torchrun and DeepSpeed read them;
+# 2. Horovod, where the script loaded it (``import horovod.torch``): hvd.init() connects the
+#    ranks, and rank 0 broadcasts its store's address through it, as under horovodrun;
+# 3. every rank on this host (the launcher's local size is the size, or srun's step has one
+#    node): rank 0 serves the store on a free loopback port and leaves the port in a file
+#    named after the job (its id, else the ranks' common parent process) in the temporary
+#    directory, which the others read; the file goes once the group is formed;
+# 4. srun over several nodes: the first node of the step's node list, at a port derived from
+#    the job and step ids (as Lightning's SLURMEnvironment does);
+# 5. an MPI job over several hosts, with Horovod installed with MPI: as 2;
+# 6. otherwise LauncherError, naming the variables read and what to set.
+# A derived port may be taken: rank 0 then fails to serve it (and says to set MASTER_PORT),
+# and its keys sit under the job's prefix, so no rank ever joins another job's world.
+
+
+def _launched_world(launched: LaunchedAs, timeout: float) -> World:
+    """The world of an MPI launcher's or srun's job (Note [Finding the rendezvous])."""
+    if launched.size == 1:
+        return World(0, 1, launched.local_rank, launched.launcher, None, None, False, timeout)
+    prefix = f"commsched/{launched.job or _parent_key()}/"
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        port = os.environ.get("MASTER_PORT")
+        return _store_world(launched, master, int(port) if port else derived_port(prefix),
+                            prefix, timeout)
+    if "horovod.torch" in sys.modules:
+        return _horovod_world(timeout, launched)
+    if launched.single_host:
+        return _local_world(launched, prefix, timeout)
+    if launched.first_host is not None:
+        return _store_world(launched, launched.first_host, derived_port(prefix), prefix, timeout)
+    if launched.launcher is Launcher.MPI and _horovod_has_mpi():
+        return _horovod_world(timeout, launched)
+    where = "its ranks span several hosts" if launched.single_host is False else \
+        "it does not say whether its ranks share one host"
+    raise LauncherError(
+        f"commsched: this process is rank {launched.rank} of {launched.size} of a "
+        f"{launched.name} job ({launched.describe()}), but {where} and no rendezvous address "
+        "is known: set MASTER_ADDR (a host of rank 0) and MASTER_PORT on every rank (mpirun "
+        "-x MASTER_ADDR=... -x MASTER_PORT=...), or import horovod.torch before commsched "
+        "forms its world (Horovod built with MPI); docs/usage.md, \"Launchers\"")
+
+
+def _horovod_has_mpi() -> bool:
+    try:
+        import horovod.torch as hvd
+    except ImportError:
+        return False
+    return bool(hvd.mpi_built())
+
+
+def _parent_key() -> str:
+    """A key of this host's ranks where the launcher names no job (MPICH's Hydra): their
+    common parent process, the launcher's proxy, with its start time against a reused pid."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/stat", encoding="utf-8") as handle:
+            started = handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "0"
+    return f"ppid-{parent}-{started}"
+
+
+def _store_world(launched: LaunchedAs, host: str, port: int, prefix: str,
+                 timeout: float) -> World:
+    """Rank 0 serves a TCPStore at `host`:`port`, the others connect; the job's keys under
+    `prefix`."""
+    delta = datetime.timedelta(seconds=timeout)
+    choose_gloo_interface(host, _backend())
+    try:
+        store = dist.TCPStore(host, port, launched.size, is_master=launched.rank == 0,
+                              wait_for_workers=False, timeout=delta)
+    except (RuntimeError, OSError) as err:
+        role = "serve the rendezvous store at" if launched.rank == 0 else "reach rank 0's " \
+            "rendezvous store at"
+        raise LauncherError(f"commsched: rank {launched.rank} of a {launched.name} job could "
+                            f"not {role} {host}:{port} ({err}); set MASTER_ADDR and MASTER_PORT "
+                            f"to a host of rank 0 and a free port ({launched.describe()})"
+                            ) from err
+    return _group_world(launched, dist.PrefixStore(prefix, store), (host, port), prefix,
+                        timeout)
+
+
+def _local_world(launched: LaunchedAs, prefix: str, timeout: float) -> World:
+    """Every rank on this host: rank 0's store on a free loopback port, told through a file
+    (Note [Finding the rendezvous], 3)."""
+    delta = datetime.timedelta(seconds=timeout)
+    name = "".join(c if c.isalnum() or c in "-." else "_" for c in prefix.strip("/"))
+    path = os.path.join(tempfile.gettempdir(), f"{name}-{launched.size}.port")
+    if launched.rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, launched.size, is_master=True,
+                              wait_for_workers=False, timeout=delta)
+        with open(path + ".part", "w", encoding="utf-8") as handle:
+            handle.write(str(store.port))
+        os.replace(path + ".part", path)
+        port = store.port
+    else:
+        port = _read_port(path, launched, timeout)
+        store = dist.TCPStore("127.0.0.1", port, launched.size, is_master=False, timeout=delta)
+    try:
+        return _group_world(launched, dist.PrefixStore(prefix, store), ("127.0.0.1", port),
+                            prefix, timeout)
+    finally:
+        if launched.rank == 0 and os.path.exists(path):
+            os.remove(path)  # every rank has joined (or the group failed)
+
+
+def _read_port(path: str, launched: LaunchedAs, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return int(handle.read())
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise LauncherError(
+                    f"commsched: rank {launched.rank} of a {launched.name} job on one host "
+                    f"({launched.describe()}) waited {timeout:.0f} s (COMMSCHED_TIMEOUT) for "
+                    f"rank 0's rendezvous file {path}: is rank 0 running, on this host, with "
+                    "the same temporary directory? Set MASTER_ADDR and MASTER_PORT otherwise"
+                    ) from None
+            time.sleep(0.02)
+
+
+def _group_world(launched: LaunchedAs, store: dist.Store, address: tuple[str, int], prefix: str,
+                 timeout: float) -> World:
+    dist.init_process_group(_backend(), store=store, rank=launched.rank,
+                            world_size=launched.size, timeout=datetime.timedelta(seconds=timeout))
+    w = _world_from_group(launched.rank, launched.size, launched.local_rank, launched.launcher,
+                          True, timeout)
+    w.store_address, w.store_prefix = address, prefix
     return w
 
 
@@ -108,7 +276,10 @@ def _torchrun_world(timeout: float) -> World:
 
 def _existing_world(timeout: float) -> World:
     rank, size = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0")))
+    try:  # the launcher's word for it; a group made by hand may come with no launcher at all
+        local_rank = read_launcher(os.environ).local_rank
+    except LauncherError:
+        local_rank = 0
     if size == 1:
         return World(rank, 1, local_rank, Launcher.EXISTING, None, None, False, timeout)
     return _world_from_group(rank, size, local_rank, Launcher.EXISTING, False, timeout)
@@ -117,14 +288,20 @@ def _existing_world(timeout: float) -> World:
 def init(timeout: float | None = None, stall_warning: float | None = None) -> World:
     """Joins the job's world of ranks, once per process; later calls return the same world.
 
-    How depends on the launcher. torch.distributed already initialised: its default group
-    (left to you to destroy). horovodrun (HOROVOD_RANK set): ``hvd.init()``, then a TCPStore
-    rendezvous whose address Horovod broadcasts. torchrun (RANK and WORLD_SIZE set): the
-    ``env://`` rendezvous, in a prefix of the attempt under ``--max-restarts``. Otherwise a
-    world of one, with no network at all. Collectives use NCCL where CUDA is available and Gloo
-    otherwise; Gloo binds to the interface on the route to the rendezvous host unless
-    GLOO_SOCKET_IFNAME is set. With more than one rank a heartbeat thread starts, which names
-    the culprit when a wait fails and makes rank 0 warn about late ranks (docs/failures.md).
+    How depends on the launcher (docs/usage.md, "Launchers"). torch.distributed already
+    initialised (by you, Lightning or Accelerate): its default group (left to you to destroy).
+    horovodrun with Gloo (HOROVOD_RANK set): ``hvd.init()``, then a TCPStore rendezvous whose
+    address Horovod broadcasts. torchrun (RANK and WORLD_SIZE set): the ``env://`` rendezvous,
+    in a prefix of the attempt under ``--max-restarts``. mpirun/mpiexec (Open MPI, so also
+    horovodrun with MPI; MVAPICH2; MPICH; Intel MPI) and srun: rank and size from the
+    launcher's variables; the rendezvous at MASTER_ADDR/MASTER_PORT where set, else through
+    Horovod where it is loaded, else on this host when every rank is here, else at the first
+    node of srun's node list (Note [Finding the rendezvous]). No launcher: a world of one, with
+    no network at all, but never where a launcher's variables say more than one process.
+    Collectives use NCCL where CUDA is available and Gloo otherwise; Gloo binds to the interface
+    on the route to the rendezvous host unless GLOO_SOCKET_IFNAME is set. With more than one rank
+    a heartbeat thread starts, which names the culprit when a wait fails and makes rank 0 warn
+    about late ranks (docs/failures.md).
 
     Calling it is optional: a wrap or a broadcast calls it when nothing did, so a Horovod
     script that calls ``hvd.init()`` works unchanged.
@@ -144,6 +321,10 @@ def init(timeout: float | None = None, stall_warning: float | None = None) -> Wo
     Raises:
         HorovodMissingError: started by horovodrun, but ``horovod.torch`` cannot be imported
             (commsched.world.errors; the message says how to install it).
+        LauncherError: a launcher's variables say more than one process, but they are
+            incomplete or out of range, this is a Slurm allocation's shell rather than an srun
+            task, or no rendezvous can be found; the message names the variables and what to
+            set.
         ConfigError: a ``COMMSCHED_*`` knob read here has a value that is not allowed.
         RuntimeError: torch.distributed's rendezvous failed or timed out (its own errors, as
             ``init_process_group`` raises them).
@@ -157,12 +338,16 @@ def init(timeout: float | None = None, stall_warning: float | None = None) -> Wo
     seconds = timeout if timeout is not None else load_config().timeout
     if dist.is_available() and dist.is_initialized():
         _world = _existing_world(seconds)
-    elif "HOROVOD_RANK" in os.environ:
-        _world = _horovod_world(seconds)
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        _world = _torchrun_world(seconds)
     else:
-        _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
+        launched = read_launcher(os.environ)
+        if launched.launcher is Launcher.HOROVOD:
+            _world = _horovod_world(seconds)
+        elif launched.launcher is Launcher.TORCHRUN:
+            _world = _torchrun_world(seconds)
+        elif launched.launcher is Launcher.LONE:
+            _world = World(0, 1, 0, Launcher.LONE, None, None, False, seconds)
+        else:
+            _world = _launched_world(launched, seconds)
     _world.generation = _generation
     _start_liveness(_world, stall_warning)
     log.debug("commsched.init: rank %d of %d via %s", _world.rank, _world.size,
@@ -180,7 +365,7 @@ def _start_liveness(w: World, stall_warning: float | None) -> None:
 
     if stall_warning is None:  # unset, it follows the world's timeout
         stall_warning = load_config({"timeout": w.timeout}).stall_warning
-    namespace = _attempt_namespace() if w.launcher is Launcher.TORCHRUN else ""
+    namespace = _attempt_namespace() if w.launcher is Launcher.TORCHRUN else w.store_prefix
     w.liveness = Liveness(address[0], address[1], w.rank, w.size, stall_warning,
                           registry.participants, namespace)
 

@@ -36,6 +36,16 @@ class MismatchError(RuntimeError):
     """
 
 
+class LauncherError(RuntimeError):
+    """The launcher's variables say more than one process, but no world can be formed from them.
+
+    Raised by init() (and so by a wrap) instead of training as a world of one: a launcher's
+    variables are incomplete or out of range, a Slurm allocation's shell is not one of srun's
+    tasks, or the ranks span several hosts and no rendezvous address is known. The message
+    names the variables that were read and what to set (docs/usage.md, "Launchers").
+    """
+
+
 HOROVOD_INSTALL = ("install it with scripts/install_horovod.sh (in commsched's source tree), "
                    "see docs/install.md")
 

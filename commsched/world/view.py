@@ -19,6 +19,8 @@ class Launcher(enum.StrEnum):
 
     HOROVOD = "horovod"
     TORCHRUN = "torchrun"
+    MPI = "mpi"  # mpirun/mpiexec of Open MPI, MVAPICH2, MPICH or Intel MPI
+    SLURM = "slurm"  # srun
     LONE = "lone"
     EXISTING = "existing"  # the user initialised torch.distributed before us
 
@@ -40,6 +42,7 @@ class World:
     owns_process_group: bool
     timeout: float
     store_address: tuple[str, int] | None = None  # rendezvous store, for heartbeats
+    store_prefix: str = ""  # the job's keys in that store (world/bootstrap.py)
     liveness: Any = None
     generation: int = 0  # how many worlds this process formed before (elastic re-forming)
     broken: bool = False  # a collective failed: an elastic job re-forms the world

@@ -46,14 +46,22 @@ def two_hosts():
 
 
 @pytest.mark.e2e
-def test_two_namespace_hosts_train_like_one_host(two_hosts) -> None:
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_namespace_hosts_train_like_one_host(two_hosts, rendezvous: str) -> None:
+    """`static`: --master_addr and a node rank each; `c10d`: torchrun's c10d rendezvous on
+    host 0, which assigns the node ranks and hands the workers MASTER_ADDR itself."""
     names, addresses = two_hosts
     results: dict[int, object] = {}
 
     def node(rank: int) -> None:
+        meet = [f"--node_rank={rank}", f"--master_addr={addresses[0]}", "--master_port=29533"] \
+            if rendezvous == "static" else \
+            ["--rdzv_backend=c10d", f"--rdzv_endpoint={addresses[0]}:29534", "--rdzv_id=cs2",
+             # Both namespaces share one host name, by which torchrun would find the store's
+             # host and tell the workers where rank 0 is: say both instead.
+             f"--rdzv_conf=is_host={int(rank == 0)}", f"--local_addr={addresses[rank]}"]
         args = ["ip", "netns", "exec", names[rank], os.path.join(BIN, "torchrun"), "--nnodes=2",
-                f"--node_rank={rank}", "--nproc_per_node=1", f"--master_addr={addresses[0]}",
-                "--master_port=29533", os.path.join(HERE, "torchrun_job.py")]
+                "--nproc_per_node=1", *meet, os.path.join(HERE, "torchrun_job.py")]
         try:
             results[rank] = run_job(args, timeout=240, expect_ok=False)
         except AssertionError as err:  # hung: report with the other node's outcome
