@@ -41,8 +41,63 @@ Engine::~Engine() {
   if (!abandoned_.empty()) new std::vector<InFlight>(std::move(abandoned_));
 }
 
+// Note [Retiring a group]
+// A group retired after a failure (an elastic job's unbind and re-form) may still have
+// collectives in flight, and a Gloo collective on a peer that is alive waits until that peer
+// either answers or closes its side. Two rules keep every rank out of that wait:
+// * A retired group's connections close promptly on every rank, the same way: its sends and
+//   receives are aborted (Gloo's Work::abort), and nothing keeps the group or its Gloo contexts
+//   alive afterwards: the abandoned collectives of CPU tensors are dropped once the threads are
+//   joined (a ring's Works and a Gloo all-reduce's AsyncWork each hold the group's context; kept
+//   forever, as before, they left the peers' receives from this rank waiting their full timeout,
+//   and a peer destroying its own group joined a Gloo worker blocked on one of them). A peer
+//   blocked on this rank then fails at once ("Connection closed by peer").
+// * No caller joins a thread that may wait on a peer: an engine that failed or has a collective
+//   in flight hands its two threads, its transport and its abandoned collectives to a detached
+//   thread, which joins and drops them there (the group's destructor joins Gloo's workers, one
+//   of which may sit in an all-reduce, which Gloo cannot abort, until the peers close theirs).
+// An idle engine (a clean shutdown) joins and drops everything in the caller, as before. The
+// abandoned collectives of device tensors are still never freed (Note [A failed collective is
+// not touched again]).
 void Engine::release_transport() {
-  shutdown();
+  stop_and_wake();
+  abort_in_flight();
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(flight_mu_);
+    idle = waiting_ == nullptr && in_flight_.empty();
+  }
+  if (idle && !failed()) {
+    join_threads();  // idle: nothing waits on a peer
+    if (abandoned_.empty()) {  // else a block was launched as the engine stopped
+      transport_.reset();
+      return;
+    }
+  }
+  auto self = shared_from_this();
+  std::thread([self] {
+    self->join_threads();
+    self->drop_retired();
+  }).detach();
+}
+
+void Engine::abort_in_flight() {
+  std::lock_guard<std::mutex> lock(flight_mu_);
+  if (waiting_ != nullptr) waiting_->abort();
+  for (auto& item : in_flight_) item.collective->abort();
+}
+
+// After join_threads(): the threads are gone, abandoned_ is ours.
+void Engine::drop_retired() {
+  std::vector<InFlight> device;
+  for (auto& item : abandoned_) {
+    if (item.stream) {
+      device.push_back(std::move(item));
+      continue;
+    }
+    item.collective->abort();  // receives still posted by a failed ring
+  }
+  abandoned_ = std::move(device);
   transport_.reset();
 }
 
@@ -55,6 +110,11 @@ void Engine::release_transport() {
 // each mutex once after setting stop_ orders the notify after any such check: the thread either
 // saw stop_ or is already blocked and is woken.
 void Engine::shutdown() {
+  stop_and_wake();
+  join_threads();
+}
+
+void Engine::stop_and_wake() {
   if (stop_.exchange(true)) return;
   ready_queue_.wake_all();
   { std::lock_guard<std::mutex> lock(flight_mu_); }
@@ -63,6 +123,10 @@ void Engine::shutdown() {
   credit_cv_.notify_all();
   { std::lock_guard<std::mutex> lock(mu_); }
   done_cv_.notify_all();
+}
+
+void Engine::join_threads() {
+  std::lock_guard<std::mutex> lock(join_mu_);
   if (engine_thread_.joinable()) engine_thread_.join();
   if (completion_thread_.joinable()) completion_thread_.join();
 }
@@ -353,15 +417,30 @@ void Engine::completion_loop() {
       item = std::move(in_flight_.front());
       in_flight_.pop_front();
     }
-    if (failed() || stopping()) {
+    bool abandon = failed();
+    {
+      // Under flight_mu_: release_transport() sets stop_ before it aborts waiting_ under it.
+      std::lock_guard<std::mutex> lock(flight_mu_);
+      abandon = abandon || stopping();
+      if (!abandon) waiting_ = item.collective.get();
+    }
+    if (abandon) {
       return_credit(item.bytes);
       abandoned_.push_back(std::move(item));
       continue;
     }
     try {
       complete(item);
+      {
+        std::lock_guard<std::mutex> lock(flight_mu_);
+        waiting_ = nullptr;
+      }
       return_credit(item.bytes);
     } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(flight_mu_);
+        waiting_ = nullptr;
+      }
       return_credit(item.bytes);
       fail(std::string("collective of block ") + std::to_string(plan_[item.position].block_id) +
            " failed: " + e.what());

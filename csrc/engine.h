@@ -53,7 +53,7 @@ struct Clocks {
   Clock collective;  // blocks' launch, done and service times
 };
 
-class Engine {
+class Engine : public std::enable_shared_from_this<Engine> {
  public:
   Engine(std::shared_ptr<Transport> transport, std::vector<std::string> tensor_names,
          int64_t timeout_ms);
@@ -88,9 +88,11 @@ class Engine {
   Clocks last_clocks();
   Timeline& timeline() { return timeline_; }
   void shutdown();
-  // Stops the threads and drops the transport. Call without the GIL: the process group may be
-  // destroyed here, and Gloo's destructor joins worker threads that may need the GIL to free a
-  // tensor the last finished collective held.
+  // Stops the threads and retires the transport (Note [Retiring a group], engine.cpp): an idle
+  // engine joins its threads and drops it here; one that failed or has a collective in flight
+  // aborts what it can and hands threads and transport to a detached thread, so that the caller
+  // never joins a thread that waits on a peer. Call without the GIL, and instead of shutdown():
+  // Gloo's destructor joins worker threads that may need the GIL to free a tensor.
   void release_transport();
   int64_t world_size() const { return world_size_; }
   // Bytes copied into fusion buffers since the engine was made (zero-copy blocks add nothing).
@@ -141,6 +143,10 @@ class Engine {
   std::string pending_report();
   void reset_iteration_locked();
   bool stopping() const { return stop_.load(); }
+  void stop_and_wake();
+  void join_threads();
+  void abort_in_flight();
+  void drop_retired();
 
   std::shared_ptr<Transport> transport_;
   int64_t world_size_ = 1;
@@ -185,6 +191,9 @@ class Engine {
   // Failed, or in flight when the engine failed or stopped; the completion thread's alone (Note
   // [A failed collective is not touched again]).
   std::vector<InFlight> abandoned_;
+  // The collective the completion thread waits on (flight_mu_), for abort_in_flight().
+  PendingCollective* waiting_ = nullptr;
+  std::mutex join_mu_;
 
   std::mutex credit_mu_;
   std::condition_variable credit_cv_;

@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <stdexcept>
 #include <vector>
+
+#include "transport.h"
 
 namespace commsched {
 
@@ -43,14 +47,31 @@ class RingCollective : public PendingCollective {
     const auto deadline = Clock::now() + timeout;
     for (int64_t step = 0; step + 1 < world_; ++step) {
       for (int64_t k = 0; k < chunks_; ++k) {
-        wait_work(recvs_[step * chunks_ + k], deadline);
+        wait_work(posted(recvs_, step * chunks_ + k), deadline);
         if (op_ == Collective::kReduceScatter)
           chunk(received(step), k).add_(chunk(shard_of(input_, ring_index(step)), k));
         if (step + 2 < world_) send(chunk(forwarded(step), k), step + 1, k);
       }
     }
-    for (auto& work : sends_) wait_work(work, deadline);
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sends = sends_;  // complete: only this thread posts sends, inside this wait()
+    }
+    for (auto& work : sends) wait_work(work, deadline);
     finished_ = true;
+  }
+
+  // Called from the retiring engine's caller while wait() may run on the completion thread.
+  void abort() override {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_ = true;
+      works = recvs_;
+      works.insert(works.end(), sends_.begin(), sends_.end());
+    }
+    for (auto& work : works) abort_work(*work);
   }
 
   // The ring moves on only inside wait(), so it is done once a wait() has returned. The engine
@@ -113,15 +134,26 @@ class RingCollective : public PendingCollective {
     for (int64_t k = 0; k < chunks_; ++k) send(chunk(first, k), 0, k);
   }
 
+  c10::intrusive_ptr<c10d::Work> posted(const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
+                                        size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) throw std::runtime_error("commsched: ring aborted (its group is retired)");
+    return works[i];
+  }
+
   void send(const at::Tensor& data, int64_t step, int64_t k) {
     std::vector<at::Tensor> payload{data};
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) throw std::runtime_error("commsched: ring aborted (its group is retired)");
     sends_.push_back(group_->send(payload, static_cast<int>((rank_ + 1) % world_), tag(step, k)));
   }
 
   static void wait_work(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    work->wait(std::max(left, std::chrono::milliseconds(1)));
+    // Gloo's aborted send or receive returns false instead of throwing.
+    if (!work->wait(std::max(left, std::chrono::milliseconds(1))))
+      throw std::runtime_error("commsched: ring message aborted (its group is retired)");
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -138,6 +170,8 @@ class RingCollective : public PendingCollective {
   std::vector<c10::intrusive_ptr<c10d::Work>> recvs_;
   std::vector<c10::intrusive_ptr<c10d::Work>> sends_;
   bool finished_ = false;
+  std::mutex mu_;  // recvs_, sends_ and aborted_ (abort() comes from another thread)
+  bool aborted_ = false;
 };
 
 }  // namespace

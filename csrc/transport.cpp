@@ -16,6 +16,17 @@ c10::intrusive_ptr<c10d::Work> allreduce_sum(c10d::ProcessGroup& group,
   return group.allreduce(tensors, options);
 }
 
+}  // namespace
+
+void abort_work(c10d::Work& work) {
+  try {
+    work.abort();  // Gloo's send and receive; c10d::Work's own throws "not implemented"
+  } catch (const std::exception&) {
+  }
+}
+
+namespace {
+
 class WorkCollective : public PendingCollective {
  public:
   explicit WorkCollective(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
@@ -23,6 +34,7 @@ class WorkCollective : public PendingCollective {
     work_->wait(timeout);
   }
   bool done() override { return work_->isCompleted(); }
+  void abort() override { abort_work(*work_); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -47,6 +59,7 @@ class ShardOfAllreduce : public PendingCollective {
     output_.copy_(buffer_.chunk(group_size_)[rank_]);
   }
   bool done() override { return work_->isCompleted(); }
+  void abort() override { abort_work(*work_); }
 
  private:
   at::Tensor buffer_;

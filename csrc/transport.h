@@ -21,6 +21,10 @@ class PendingCollective {
   // Whether the collective has ended (or failed), without blocking. For device tensors that is
   // when the device finished it (NCCL queries its end event; Gloo finished its host part).
   virtual bool done() = 0;
+  // Wakes a wait() blocked on a peer and withdraws what is still posted, without blocking (Note
+  // [Retiring a group], engine.cpp). Best effort: Gloo can abort its sends and receives, not an
+  // all-reduce running on one of its worker threads. A wait() after it throws.
+  virtual void abort() {}
 };
 
 class Transport {
@@ -52,6 +56,9 @@ class ProcessGroupTransport : public Transport {
   bool ring_;
   int64_t next_ring_tag_ = 0;  // advanced alike on every rank: the plan's order is the same
 };
+
+// Work::abort() where the backend has one (a no-op elsewhere).
+void abort_work(c10d::Work& work);
 
 // World size 1: the sum over one rank is the tensor itself.
 class LocalTransport : public Transport {

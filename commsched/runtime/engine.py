@@ -239,13 +239,15 @@ class EngineHandle:
         if self._closed:
             return
         self._closed = True
-        self._engine.shutdown()
         group, self._group = self._group, None
         if group is not None and dist.is_initialized():
             dist.destroy_process_group(group)
         # Python's last reference goes first, so that the group is destroyed inside
         # release_transport, without the GIL: Gloo's destructor joins its worker threads, and one
         # may be waiting for the GIL to free a tensor (a deadlock seen at K-FAC's shutdown).
+        # release_transport stops the engine's threads itself: an engine that failed or still
+        # has a collective in flight is retired off this thread (Note [Retiring a group] in
+        # csrc/engine.cpp), which must never join a thread that waits on a peer.
         del group
         self._engine.release_transport()
         if self.timeline:
