@@ -16,6 +16,8 @@ Differences bridged here (torch version that changed it):
   its scale and overflow flag as the attributes ``grad_scale`` and ``found_inf`` (the older
   ``grad_scaler=`` keyword is deprecated): `unscale_grads_` unscales as the scaler's own
   ``unscale_`` does, bit for bit.
+* every version: dynamo does not guard on module hooks unless ``skip_nnmodule_hook_guards`` is
+  off, and an overlap plan adds and removes them: `guard_module_hooks`.
 * 2.11: Gloo's worker threads are named ``pt_gloo_runloop``; before, they carry the name of the
   thread that imported torch: `GLOO_WORKER_THREAD_NAME`.
 
@@ -25,6 +27,7 @@ A base layer module: imports only torch and the standard library.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import torch
@@ -133,6 +136,32 @@ def eager_hook(hook: Any) -> Any:
     fail or bake them into the graph; instead the graph breaks at the call (Note [Module hooks
     under torch.compile] in runtime/overlap_support.py)."""
     return torch.compiler.disable(hook, recursive=True)
+
+
+_hooks_guarded = False  # whether guard_module_hooks() has set dynamo's switch in this process
+
+
+def guard_module_hooks() -> None:
+    """Makes torch.compile re-trace a graph when a module's forward hooks come or go.
+
+    By default dynamo does not guard on module hooks (``skip_nnmodule_hook_guards``): a graph
+    traced while a module had none is run again after an overlap plan hooked it, and its updates
+    are skipped (Note [No forward pass on a pending update] in runtime/overlap_guard.py). This
+    turns the guards on, once per process, where dynamo is loaded; graphs traced before without
+    them are dropped (``torch._dynamo.reset()``: they re-trace at their next call). Where dynamo
+    is not loaded yet nothing was traced: the next call (the runner's next hook change) sets it.
+    """
+    global _hooks_guarded
+    if _hooks_guarded or "torch._dynamo" not in sys.modules:
+        return
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    if getattr(config, "skip_nnmodule_hook_guards", False):
+        config.skip_nnmodule_hook_guards = False
+        if torch._dynamo.utils.counters["frames"].get("ok", 0):
+            torch._dynamo.reset()
+    _hooks_guarded = True
 
 
 def compiled_fullgraph(module: Any) -> bool:

@@ -72,6 +72,10 @@ class Accumulation:
             self.held_back = any(p.grad is not None for p in self._params) or \
                 any(p.grad is not None for _, p in self._routed)
 
+    def received(self, tensor_id: int) -> bool:
+        """Whether tensor `tensor_id` got a gradient in this iteration (a pass counted)."""
+        return bool(self.intake.remaining(tensor_id) < self.passes)
+
     def set_passes(self, passes: int) -> None:
         """Every tensor expects `passes` gradients from now on; what was counted is forgotten."""
         self.passes = passes

@@ -142,7 +142,9 @@ class WorldBinding:
             check_overlap_allowed(policy.value, model, self.base_cls)
         elif not (policy is Policy.AUTO and overlap_possible(model, self.base_cls)):
             return None
-        return OverlapRunner(self.deferred, model, self.params, self.engine, self.recorded)
+        # An elastic job binds at an iteration's first gradient, after its forward pass.
+        return OverlapRunner(self.deferred, model, self.params, self.engine, self.recorded,
+                             mid_iteration=self.elastic)
 
     @property
     def stale(self) -> bool:

@@ -31,17 +31,28 @@ from torch import nn
 
 from .. import _C
 from ..plan import Plan
-from ..torch_compat import eager_hook
+from ..torch_compat import eager_hook, guard_module_hooks
 from ..world import registry
 from .clock import UpdateTimer
 from .deferred import DeferredUpdates
+from .overlap_guard import PendingReadGuard
 from .overlap_layout import GroupWork, PlanLayout, first_users, leftovers, plan_layout
-from .overlap_support import ModuleProfile, apply_before_state_dict
+from .overlap_support import GatherPacing, ModuleProfile, apply_before_state_dict, outermost
 from .piecewise import PiecewiseUpdate
 
 if TYPE_CHECKING:
     from .compressed import CompressedGradients
     from .engine import EngineHandle
+
+
+# Note [The end of the forward pass]
+# The root's forward hook (or, where the loop calls a module inside `model=`, the outermost
+# module's) applies what the forward pass did not reach: parameters in no group, and groups
+# whose modules all were skipped. When the groups hold every tensor, only the second can happen,
+# and those parameters took no part in the forward pass, so their update may as well wait for
+# finish() at the first gradient of backward (or at step(), flush()), which must wait for the
+# iteration's blocks anyway: the forward hook is left out, one Python call per iteration fewer
+# (a world of one, or a plan with one group, has nothing else at the end of the forward pass).
 
 
 class HookMode(enum.Enum):
@@ -52,7 +63,8 @@ class HookMode(enum.Enum):
 
 class OverlapRunner:
     def __init__(self, deferred: DeferredUpdates, model: nn.Module, params: list[torch.Tensor],
-                 engine: EngineHandle, modules: ModuleProfile | None = None) -> None:
+                 engine: EngineHandle, modules: ModuleProfile | None = None,
+                 mid_iteration: bool = False) -> None:
         self._deferred = deferred
         self._snapshot = deferred.snapshot_call()
         self._engine = engine
@@ -63,6 +75,9 @@ class OverlapRunner:
         self._owned = {name: [self._tid[id(p)] for p in m.parameters(recurse=False)
                               if id(p) in self._tid]
                        for name, m in self._named.items()}
+        # Note [No forward pass on a pending update] in overlap_guard.py
+        self.guard = PendingReadGuard({t: name for name, tids in reversed(self._owned.items())
+                                       for t in tids}, len(params), mid_iteration)
         self._update_us = 0
         self.open = False
         # Note [Stamps, not sets]
@@ -84,7 +99,7 @@ class OverlapRunner:
         self._bytes_of: dict[tuple[int, ...], int] = {}
         self.gathers_parameters = False  # shard_optimizer: a group's update is a copy
         self._slot_of: dict[int, int] = {}  # tensor id -> slot, for the sharded step
-        self._released = 0  # how many of the layout's all-gathers were released this iteration
+        self._gathers = GatherPacing(engine)  # DeAR's all-gathers of the open iteration
         self._handles: list[Any] = []
         self._root_name = ""
         # A lossy compressor's gradients, rebuilt just before their group's update (Note
@@ -118,10 +133,12 @@ class OverlapRunner:
         part, one optimizer call, happens only where a group starts), and, for a forward pass
         the profiler samples, every module's recording hooks (Note [Module times at steady
         state] in overlap_support.py)."""
+        guard_module_hooks()  # before a compiled forward pass meets the hooks below
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.mode = mode
+        self.guard.recording = mode is HookMode.RECORDING  # it notes which tensors got gradients
         self._sampled = sampled
         # Whether an overlap plan runs: step() leaves the updates to the next forward pass (an
         # attribute, read at every step()).
@@ -135,8 +152,9 @@ class OverlapRunner:
                 self._handles.append(module.register_forward_pre_hook(
                     eager_hook(self._apply_groups(name, timed=sampled))))
             if self._layout.ungrouped:  # Note [The end of the forward pass]
-                root = self._named[self._root_name]
-                self._handles.append(root.register_forward_hook(eager_hook(self._end_of_forward)))
+                top = self._named[outermost(self.modules.order, set(self._named),
+                                            self._root_name)]
+                self._handles.append(top.register_forward_hook(eager_hook(self._end_of_forward)))
 
     # -- activation -------------------------------------------------------------------------
 
@@ -153,22 +171,17 @@ class OverlapRunner:
         assert not self.open, "commsched: an overlap plan was activated inside an iteration"
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
-        layout = self._layout = plan_layout(plan, self._params, self.modules.order, self._owned,
+        order = self.modules.order or [self._root_name]  # none recorded: all at the root
+        layout = self._layout = plan_layout(plan, self._params, order, self._owned,
                                             set(self._named), self._root_name, compressed)
+        self.guard.policy = plan.policy
+        self.guard.check_plan(self.first_users(), set(self.modules.order))
         self._bytes_of.clear()  # keyed by slots, which the new plan numbers afresh
         self._piecewise = {i: PiecewiseUpdate(self._deferred, w.pieces, layout.taken_params)
                            for i, w in enumerate(layout.work) if w.pieces}
         self._slot_of = {self._tid[id(p)]: s for s, p in enumerate(layout.taken_params)}
         self._group_done = [self._stamp] * len(layout.groups)  # nothing pending until step()
         self._slot_done = [self._stamp] * len(layout.taken_ids)
-        # Note [The end of the forward pass]
-        # The root's forward hook applies what the forward pass did not reach: parameters in no
-        # group, and groups whose modules all were skipped. When the groups hold every tensor,
-        # only the second can happen, and those parameters took no part in the forward pass,
-        # so their update may as well wait for finish() at the first gradient of backward (or at
-        # step(), flush()), which must wait for the iteration's blocks anyway: the forward hook
-        # is left out, one Python call per iteration fewer (a world of one, or a plan with one
-        # group, has nothing else at the end of the forward pass).
         self._set_mode(HookMode.ACTIVE)
 
     def restore(self, order: list[str], active: bool, recording: bool, plan: Plan) -> None:
@@ -201,6 +214,7 @@ class OverlapRunner:
         `shard_step` (shard_optimizer) updates this rank's slices before any all-gather goes,
         given each tensor id's gradient, where the all-gathers pack from; it returns the
         seconds its updates took."""
+        self._apply_held()  # after backward, before this step's gradients are taken
         self._snapshot()
         grads = self._grads = _C.take_grads(self._layout.taken_params)
         if shard_step is not None:  # its updates are this step()'s (the profile's step_s)
@@ -209,38 +223,36 @@ class OverlapRunner:
         self.open = True
         if self._engine.sampling != self._sampled:
             self._set_mode(HookMode.ACTIVE, sampled=self._engine.sampling)
-        self._released = 0
-        if self._layout.gathers:
-            self._release_through(0)
-
-    def _release_through(self, count: int) -> None:
-        """Releases the all-gathers before position `count` of the layout's `gathers` and one
-        more (callers test `_released` first: most calls have nothing left to release)."""
-        gathers = self._layout.gathers
-        while self._released < min(count + 1, len(gathers)):
-            self._engine.release(gathers[self._released])
-            self._released += 1
+        self._gathers.start(self._layout.gathers)
 
     def release_for(self, position: int) -> None:
         """Releases the all-gathers up to the block at `position` when it is one (the second
         round of a compressor waits for its first round's blocks at step())."""
-        gathers = self._layout.gathers
-        if position in gathers:
-            self._release_through(gathers.index(position))
+        self._gathers.release_for(position)
 
-    def finish(self) -> None:
-        """Waits for every block of the open iteration and applies every pending update."""
+    def finish(self, after_forward: bool = False) -> None:
+        """Waits for every block of the open iteration and applies every pending update; after
+        a forward pass, what it left pending waits (Note [No forward pass on a pending update])."""
+        self._apply_held()
         if not self.open:
             return
-        gathers = self._layout.gathers
-        if self._released < len(gathers):
-            self._release_through(len(gathers))
+        self._gathers.release_all()
         self._engine.wait()
+        self.open = False
         left = leftovers(self._layout, self._slot_done, self._group_done, self._stamp)
+        if left and after_forward:
+            self.guard.hold(left, self._layout.taken_ids)
+            return
         if left:
             self._apply(left)
         self._grads = []
-        self.open = False
+
+    def _apply_held(self) -> None:
+        """Applies what a finish after a forward pass held back (PendingReadGuard.hold)."""
+        held = self.guard.take_held()
+        if held:
+            self._apply(held)
+            self._grads = []
 
     def _apply(self, slots: list[int], work: GroupWork | None = None) -> None:
         """Applies the update of `slots` (`work`'s whole group when given) with one call of the
@@ -331,8 +343,8 @@ class OverlapRunner:
             slots = [s for s in work.slots if done[s] != stamp]
         if not slots:
             return
-        if self._released <= work.gathers_through and layout.gathers:
-            self._release_through(work.gathers_through)
+        if layout.gathers:
+            self._gathers.release_through(work.gathers_through)
         piecewise = self._piecewise.get(index)  # Note [A large group is updated piece by piece]
         if piecewise is not None and layout.disjoint \
                 and piecewise.apply(self._grads, self._engine.wait_block, self._timed):
@@ -341,12 +353,13 @@ class OverlapRunner:
         self._apply(slots, work if layout.disjoint else None)
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        self.finish()
+        self.finish(after_forward=True)
 
     def remove(self) -> None:  # its hooks, and what it still defers (an elastic restore)
         for handle in self._handles + self._state_hooks:
             handle.remove()
         self._handles, self._state_hooks, self._grads, self.open = [], [], [], False
+        self.guard.take_held()
         registry.unregister_deferring(self)
 
 

@@ -79,12 +79,15 @@ def runner_of(name: str, ran: Collection[str]) -> str:
 
 def first_users(order: list[str], owned: dict[str, list[int]]) -> dict[int, str]:
     """Tensor id -> the module (in the observed forward `order`) whose pre-hook applies its
-    update; `owned`: module name -> the ids of the tensors it holds directly."""
+    update; `owned`: module name -> the ids of the tensors it holds directly. A tensor none of
+    whose modules ran, the root included, has none."""
     rank = {name: i for i, name in enumerate(order)}
     ran = set(order)
     earliest: dict[int, str] = {}
     for owner, tids in owned.items():
         runner = runner_of(owner, ran)
+        if runner not in ran:  # no module of its line ran (nor the root): no hook can apply it
+            continue
         for t in tids:
             current = earliest.get(t)
             if current is None or rank.get(runner, -1) < rank.get(current, -1):

@@ -64,16 +64,21 @@ class ModuleProfile:
         self._starts: dict[str, list[tuple[float, float]]] = {}
         self._sums: dict[str, float] = {}
         self.excluded_s = 0.0  # the runner's hooks' time in recorded forward passes, summed
-        self._in_forward = False  # inside the root's forward pass
+        self._in_forward = False  # inside a forward pass (the root's, or the outermost module's)
+        # The module whose forward opened the pass in progress: the root, or where the loop
+        # calls a module inside `model=` (a container's network, a LightningModule's self.net),
+        # the outermost module it calls (Note [The leading group runs at the root]).
+        self._pass_root: str | None = None
 
     def start(self, name: str, root: bool = False) -> None:
-        if root:
+        if root or not self._in_forward:
+            if not root and torch._C._current_graph_task_id() >= 0:
+                return  # Note [Recomputed forward passes are not timed]: inside backward
             self._forget_pass()  # one that raised never reached its end
             self._in_forward = torch.is_grad_enabled()
             if not self._in_forward:
                 return
-        elif not self._in_forward:
-            return  # Note [Recomputed forward passes are not timed]
+            self._pass_root = name
         self._starts.setdefault(name, []).append((time.perf_counter(), self.excluded_s))
         if name not in self.order:
             self.order.append(name)
@@ -98,16 +103,16 @@ class ModuleProfile:
         self._starts.clear()
         self._sums.clear()
         self._in_forward = False
+        self._pass_root = None
 
     def attach(self, named: dict[str, torch.nn.Module], root: str) -> list[Any]:
-        """Hooks on every module that record one forward pass each (the root's end closes it);
-        returns their handles."""
+        """Hooks on every module that record one forward pass each (the end of the module that
+        opened it closes it); returns their handles."""
         handles = []
         for name, module in named.items():
             handles.append(module.register_forward_pre_hook(
                 eager_hook(self._start_hook(name, name == root))))
-            handles.append(module.register_forward_hook(
-                eager_hook(self._end_hook(name, name == root))))
+            handles.append(module.register_forward_hook(eager_hook(self._end_hook(name))))
         return handles
 
     def _start_hook(self, name: str, root: bool) -> Callable[[torch.nn.Module, Any], None]:
@@ -115,10 +120,10 @@ class ModuleProfile:
             self.start(name, root)
         return hook
 
-    def _end_hook(self, name: str, root: bool) -> Callable[[torch.nn.Module, Any, Any], None]:
+    def _end_hook(self, name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             self.end(name)
-            if root:
+            if name == self._pass_root:
                 self.next_iteration()
         return hook
 
@@ -139,17 +144,23 @@ _UNSPLITTABLE = (torch.optim.LBFGS,)
 # The group that starts at the first module of the forward pass to use any parameter is applied
 # in the root module's pre-hook instead: no module before that one reads a parameter, so the
 # update still comes before its first use and the forward pass hides no less of its wait; and
-# the root always runs, so that group needs no first-user hooks. With one group (a world of one,
-# or nothing to overlap) only the root keeps hooks: each hooked module costs a Python call and
-# torch's slow module-call path per forward pass (22 modules of the built-in Transformer, about
-# 75 of GPT-2).
+# the root runs in every forward pass that ran it in the profiling steps, so that group needs no
+# first-user hooks. With one group (a world of one, or nothing to overlap) only the root keeps
+# hooks: each hooked module costs a Python call and torch's slow module-call path per forward
+# pass (22 modules of the built-in Transformer, about 75 of GPT-2). But `model=` need not be
+# what the loop calls: a container whose inner network the loop calls, a LightningModule whose
+# training_step calls self.net, an fx GraphModule of the model. Its root then never ran in the
+# recorded forward passes (it is not in `order`), and the leading group keeps the hooks of its
+# own modules, as every other group does.
 def hook_places(groups: Sequence[UpdateGroup], first_user: dict[int, str], order: list[str],
                 modules: set[str], root: str) -> dict[str, list[int]]:
     """Module name -> the indices of the groups its forward pre-hook applies when pending: each
     group at its start and at the first user of each of its tensors (`first_user`: tensor id ->
-    module), the leading group at the root, and a name not among `modules` at the root too."""
+    module), the leading group at the root where the root ran in `order`, and a name not among
+    `modules` at the root too."""
     users_now = set(first_user.values())
-    leading = next((name for name in order if name in users_now), None)
+    leading = next((name for name in order if name in users_now), None) \
+        if root in order else None
     places: dict[str, list[int]] = {}
     for index, group in enumerate(groups):
         users = {root} if group.module == leading else \
@@ -158,6 +169,44 @@ def hook_places(groups: Sequence[UpdateGroup], first_user: dict[int, str], order
             if index not in places.get(name, []):
                 places.setdefault(name, []).append(index)
     return places
+
+
+def outermost(order: list[str], modules: set[str], root: str) -> str:
+    """The module whose forward pass ends the recorded ones: the root, unless the loop calls a
+    module inside it (Note [The leading group runs at the root]), then the first one called."""
+    return root if root in order or not order or order[0] not in modules else order[0]
+
+
+class GatherPacing:
+    """DeAR's all-gathers of the open iteration (the layout's forward-stage blocks): how many
+    the runner released, each one block ahead of the update that needs it."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._positions: list[int] = []  # the plan positions of the all-gathers
+        self._released = 0
+
+    def start(self, positions: list[int]) -> None:
+        """step(): the first all-gather goes (and one of look-ahead)."""
+        self._positions, self._released = positions, 0
+        if positions:
+            self.release_through(0)
+
+    def release_through(self, count: int) -> None:
+        """Releases the all-gathers before position `count` of the list and one more."""
+        positions = self._positions
+        while self._released < min(count + 1, len(positions)):
+            self._engine.release(positions[self._released])
+            self._released += 1
+
+    def release_for(self, position: int) -> None:
+        """Releases the all-gathers up to the block at plan `position` when it is one."""
+        if position in self._positions:
+            self.release_through(self._positions.index(position))
+
+    def release_all(self) -> None:
+        if self._released < len(self._positions):
+            self.release_through(len(self._positions))
 
 
 # Note [The last deferred update]

@@ -194,7 +194,7 @@ class Session:
         runner = self.runner
         if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
-            runner.finish()
+            runner.finish(after_forward=True)
         if self.engine.sampling:  # the profiler keeps every few iterations only
             self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
                                       else 0.0)
@@ -206,9 +206,10 @@ class Session:
     # -- the end of an iteration ----------------------------------------------------------------
 
     def _launch_rest(self) -> None:
-        """Hands over every gradient not yet with the engine (most iterations produced every
-        one) and the compressor's rest."""
+        """Hands over every gradient not yet with the engine, and the compressor's rest."""
         intake = self.accumulation.intake
+        if self.runner is not None:  # Note [No forward pass on a pending update]
+            self.runner.guard.after_backward(self.accumulation.received, self.iteration)
         if not self.hooks.all_handed_over(intake) or self.compressed is not None:
             self.hooks.launch_rest(intake, self.params, self.engine, self.compressed,
                                    self.pass_through.lacked_gradient, self.runner is None)
@@ -271,8 +272,7 @@ class Session:
         runner = self.runner
         assert runner is not None
         _activity.now = ("step", time.monotonic(), self.iteration)
-        if runner.open:  # no backward since the last step()
-            runner.finish()
+        runner.finish()  # where no backward came since the last step(); else it holds nothing
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
         self._launch_rest()
@@ -289,6 +289,8 @@ class Session:
         if self._routed:
             self.sparse.exchange()
             self.sparse.step_now(self.deferred)
+        if runner.guard.updates_at_step:  # a forward path that runs no hook: nothing stays pending
+            runner.finish()
         self._end_iteration()
         update_s = runner.take_update_seconds()
         if self.engine.sampling:

@@ -30,3 +30,14 @@ def test_a_module_not_in_the_model_falls_back_to_the_root() -> None:
     groups = [UpdateGroup("embed", (0,), wait_for=1), UpdateGroup("gone", (1,), wait_for=0)]
     first_user = {0: "embed", 1: "gone"}
     assert hook_places(groups, first_user, ORDER, MODULES, root="") == {"": [0, 1]}
+
+
+def test_a_root_that_never_ran_leaves_the_leading_group_its_own_hooks() -> None:
+    """`model=` a container whose inner network the loop calls: the root is not in the
+    recorded order, so its pre-hook would never apply the leading group."""
+    order = ["net", "net.embed", "net.head"]
+    group = UpdateGroup("net.embed", (0, 1), wait_for=1)
+    first_user = {0: "net.embed", 1: "net.head"}
+    modules = {"", *order}
+    assert hook_places([group], first_user, order, modules, root="") == {
+        "net.embed": [0], "net.head": [0]}
