@@ -37,7 +37,8 @@ POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "aut
 # Elastic trials also run these: the compressors' per-rank state starts afresh in each world,
 # K-FAC's is restored whole (Note [Elastic Horovod and compressor state], Note [Elastic K-FAC]).
 MODES = ("dear+powersgd", "horovod+topk", "mgwfbp+kfac")
-POINTS = ("forward", "backward", "step", "save")
+POINTS = ("top", "forward", "backward", "in_step", "step", "save")
+HOW = ("sigkill", "exit")  # SIGKILL, or os._exit(1) as a script that gives up would
 HOSTS = ("127.0.0.1", "127.1", "127.0.1")  # one host name per elastic worker (Horovod
 # blacklists a failed worker's host); each spells 127.0.0.1, so every worker runs here
 COMMSCHED_TIMEOUT_S = 20
@@ -69,7 +70,7 @@ def draw_trials(count: int, seed: int) -> list[dict[str, Any]]:
                        "policy": entries[launcher][(index // 2) % len(entries[launcher])],
                        "restarts": restarts,
                        "kill": {"rank": rng.randrange(world), "step": rng.choice(steps),
-                                "point": point}})
+                                "point": point, "how": HOW[index % 4 // 2]}})
     return trials
 
 

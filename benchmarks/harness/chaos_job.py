@@ -8,9 +8,12 @@ DIR/trial.json says the launcher ("elastic": inside ``hvd.elastic.run``, committ
 step; "torchrun": a checkpoint every SAVE_EVERY steps with commsched.checkpoint, resumed from
 at start), the policy (elastic trials: optionally with "+powersgd", "+topk", or "+kfac", a
 K-FAC preconditioner in Horovod's state beside the optimizer), and the kill: the rank that
-is killed (SIGKILL, once per trial: a marker file), at which step, and where:
+is killed (SIGKILL, or os._exit(1) where the trial says "exit"; once per trial: a marker
+file), at which step, and where:
+  * top: at the top of the step, before zero_grad() and the forward pass;
   * forward: in the second layer's forward pre-hook;
   * backward: in a gradient hook of the first layer's weight (the last gradient of backward);
+  * in_step: as the wrapped optimizer's step() begins (before it launches what is left);
   * step: inside the user's optimizer update (in step() under a synchronous plan; in the next
     forward pass's update groups under an overlap plan, which is where the update runs);
   * save: while the checkpoint is written (torchrun: on rank 0 after the file is written,
@@ -96,6 +99,8 @@ class Chaos:
         with open(self.marker, "w", encoding="utf-8") as handle:
             json.dump({"rank": self._rank, "step": self._step, "point": point,
                        "time": time.time()}, handle)
+        if self.kill.get("how") == "exit":
+            os._exit(1)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def log(self, **fields: Any) -> None:
@@ -129,10 +134,12 @@ def wrap(model: nn.Sequential, chaos: Chaos, entry: str) -> Wrapped:
     policy, _, mode = entry.partition("+")
     with warnings.catch_warnings():  # top-k under KillableSGD: plain error feedback, as replayed
         warnings.simplefilter("ignore")
-        return commsched.DistributedOptimizer(
+        opt = commsched.DistributedOptimizer(
             KillableSGD(model.parameters(), lr=LR, momentum=MOMENTUM),
             named_parameters=model.named_parameters(), model=model, policy=policy,
             profile_steps=2, compression=replay.LOSSY.get(mode))
+    opt.register_step_pre_hook(lambda *args: chaos.at("in_step"))
+    return opt  # type: ignore[return-value]
 
 
 def train_step(model: nn.Module, opt: Wrapped, step: int, rank: int,
@@ -170,6 +177,7 @@ def run_torchrun(out_dir: str, trial: dict[str, Any]) -> None:
     chaos.log(event="start", attempt=attempt, rank=rank, start=start)
     for step in range(start, STEPS):
         chaos.arm(step, rank)
+        chaos.at("top")
         try:
             train_step(model, opt, step, rank)
             if (step + 1) % SAVE_EVERY == 0:
@@ -203,6 +211,7 @@ def run_elastic(out_dir: str, trial: dict[str, Any]) -> None:
         while state.batch < STEPS:
             step, rank, size = state.batch, hvd.rank(), hvd.size()
             chaos.arm(step, rank)
+            chaos.at("top")
             try:
                 train_step(model, opt, step, rank, precond)
                 state.batch = step + 1

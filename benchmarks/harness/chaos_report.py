@@ -30,20 +30,24 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, elapsed_s:
         "(`+topk`, plain error feedback under the job's SGD subclass) and a K-FAC "
         "preconditioner in Horovod's state (`+kfac`, float64); their replays run every "
         "rank's compressor from zero in each world and K-FAC on the concatenated batches "
-        "(benchmarks/harness/replay.py). Kill points: `forward` (a module's pre-hook), `backward` "
-        "(a gradient hook), `step` (inside the optimizer's update: in `step()` under a "
-        "synchronous plan, in the next forward pass under an overlap plan), `save` (elastic: "
-        "inside `state.commit()`; torchrun: the file written, not yet renamed).",
+        "(benchmarks/harness/replay.py). Kill points: `top` (the top of the step, before its "
+        "forward pass), `forward` (a module's pre-hook), `backward` (a gradient hook), "
+        "`in_step` (as the wrapped optimizer's `step()` begins), `step` (inside the "
+        "optimizer's update: in `step()` under a synchronous plan, in the next forward pass "
+        "under an overlap plan), `save` (elastic: inside `state.commit()`; torchrun: the file "
+        "written, not yet renamed). The killed rank dies by SIGKILL or by `os._exit(1)` "
+        "(column `how`).",
         "",
-        "| # | launcher | policy | killed rank | step | point | outcome | errors raised | "
+        "| # | launcher | policy | killed rank | step | point | how | outcome | errors raised | "
         "max diff | s | ok |",
-        "|---:|---|---|---:|---:|---|---|---|---:|---:|---|"]
+        "|---:|---|---|---:|---:|---|---|---|---|---:|---:|---|"]
     for r in results:
         kill = r["kill"]
         diff = f"{r['max_diff']:.1e}" if r.get("max_diff") is not None else "-"
         restarts = "" if r["launcher"] != "torchrun" else f" (--max-restarts={r['restarts']})"
         lines.append(f"| {r['index']} | {r['launcher']}{restarts} | {r['policy']} | "
-                     f"{kill['rank']} | {kill['step']} | {kill['point']} | {r['outcome']} | "
+                     f"{kill['rank']} | {kill['step']} | {kill['point']} | "
+                     f"{kill.get('how', 'sigkill')} | {r['outcome']} | "
                      f"{', '.join(r['errors']) or '-'} | {diff} | {r['seconds']} | "
                      f"{'yes' if r['ok'] else '**no**'} |")
     return "\n".join(lines) + "\n"

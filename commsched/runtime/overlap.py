@@ -214,7 +214,8 @@ class OverlapRunner:
         `shard_step` (shard_optimizer) updates this rank's slices before any all-gather goes,
         given each tensor id's gradient, where the all-gathers pack from; it returns the
         seconds its updates took."""
-        self._apply_held()  # after backward, before this step's gradients are taken
+        if self.guard.held:  # after backward, before this step's gradients are taken
+            self._apply_held()
         self._snapshot()
         grads = self._grads = _C.take_grads(self._layout.taken_params)
         if shard_step is not None:  # its updates are this step()'s (the profile's step_s)
@@ -233,7 +234,8 @@ class OverlapRunner:
     def finish(self, after_forward: bool = False) -> None:
         """Waits for every block of the open iteration and applies every pending update; after
         a forward pass, what it left pending waits (Note [No forward pass on a pending update])."""
-        self._apply_held()
+        if self.guard.held:
+            self._apply_held()
         if not self.open:
             return
         self._gathers.release_all()
@@ -249,10 +251,8 @@ class OverlapRunner:
 
     def _apply_held(self) -> None:
         """Applies what a finish after a forward pass held back (PendingReadGuard.hold)."""
-        held = self.guard.take_held()
-        if held:
-            self._apply(held)
-            self._grads = []
+        self._apply(self.guard.take_held())
+        self._grads = []
 
     def _apply(self, slots: list[int], work: GroupWork | None = None) -> None:
         """Applies the update of `slots` (`work`'s whole group when given) with one call of the

@@ -55,7 +55,7 @@ class PendingReadGuard:
         # Whether step() applies every update (a path bypasses the hooks): set once, kept.
         self.updates_at_step = False
         # The runner's slots of `late`: their update waits until backward is over (hold()).
-        self._held: list[int] = []
+        self.held: list[int] = []
 
     def after_backward(self, received: Callable[[int], bool], iteration: int) -> None:
         """At step(), before the gradients still missing are handed over as zeros: which tensors
@@ -87,11 +87,11 @@ class PendingReadGuard:
         """What a forward pass left pending as it ended (slots of the runner's layout, whose
         tensor ids `taken_ids` gives): late, and held until backward is over."""
         self.late.extend(taken_ids[s] for s in slots)
-        self._held = slots
+        self.held = slots
 
     def take_held(self) -> list[int]:
         """The slots held back, to apply now (step(), or a finish after backward)."""
-        held, self._held = self._held, []
+        held, self.held = self.held, []
         return held
 
     def check_iteration(self, received: Callable[[int], bool], iteration: int) -> None:

@@ -12,7 +12,12 @@ Usage: elastic_job.py DIR KILL_AT ADD_AT ADD_HOST
               appears again; or the error a step raised) and
               `final.<host>.pt` (each policy's parameters at the end)
     KILL_AT   the worker that is rank 1 at that step kills itself (SIGKILL) before its forward
-              pass (once per job: a marker file in DIR); -1 for never
+              pass (once per job: a marker file in DIR); -1 for never. ELASTIC_JOB_KILL may
+              say otherwise: "last" (the highest rank instead of rank 1), "exit" (os._exit(1)
+              instead of SIGKILL), and where: "top" (the default), "backward" (in the first
+              layer's gradient hook, the last gradient of backward), "step" (as step() begins)
+              or "commit" (inside state.commit(), as the model's state is read); e.g.
+              "last,exit,top"
     ADD_AT    at that step the workers wait until the added host has joined; -1 for never
 
 Each rank's batch follows from (step, rank), so a reference replaying the logged steps with
@@ -113,15 +118,17 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     precs = {entry: replay.make_preconditioner(models[entry], LR) for entry in policies
              if entry.endswith("+kfac")}
     log_path = os.path.join(out_dir, f"log.{host}.jsonl")
-    marker = os.path.join(out_dir, "killed")
+    kill = Kill(os.environ.get("ELASTIC_JOB_KILL", ""), os.path.join(out_dir, "killed"),
+                kill_at)
+    for entry in policies:
+        kill.arm(models[entry], opts[entry])
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.batch < STEPS:
             step, rank, size = state.batch, hvd.rank(), hvd.size()
-            if step == kill_at and rank == 1 and not os.path.exists(marker):
-                open(marker, "w").close()
-                os.kill(os.getpid(), signal.SIGKILL)
+            kill.step = step
+            kill.at("top")
             if step == add_at and size < 3:
                 wait_for_new_host(state, out_dir, add_host)
             try:
@@ -160,6 +167,33 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
                os.path.join(out_dir, f"final.{host}.pt"))
     commsched.shutdown()
     return 0
+
+
+class Kill:
+    """Where and how the job loses its worker (KILL_AT, ELASTIC_JOB_KILL): once per job."""
+
+    def __init__(self, spec: str, marker: str, step: int) -> None:
+        words = set(filter(None, spec.split(",")))
+        self.last, self.exit = "last" in words, "exit" in words
+        points = words & {"top", "backward", "step", "commit"}
+        self.point = points.pop() if points else "top"
+        self._marker, self._at_step, self.step = marker, step, -1
+
+    def arm(self, model: nn.Module, opt: Wrapped) -> None:
+        first = next(model.parameters())
+        first.register_hook(lambda grad: self.at("backward"))
+        opt.register_step_pre_hook(lambda *args: self.at("step"))
+        model.register_state_dict_pre_hook(lambda *args: self.at("commit"))
+
+    def at(self, point: str) -> None:
+        rank = hvd.rank()
+        if point != self.point or self.step != self._at_step or os.path.exists(self._marker) \
+                or rank != (hvd.size() - 1 if self.last else 1):
+            return
+        open(self._marker, "w").close()
+        if self.exit:
+            os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def wrap(entry: str, model: nn.Module) -> Wrapped:

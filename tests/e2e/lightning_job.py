@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import commsched
 from commsched.lightning import CommschedStrategy
 
-POLICIES = ("horovod", "dear")
+# Each run: "policy", or "policy/net" where training_step calls self.net itself (the root
+# LightningModule, passed as model=, then never runs its forward in training).
+RUNS = ("horovod", "dear", "dear/net", "bytescheduler/net")
 EPOCHS = 3
 BATCH = 16
 BATCHES_PER_RANK = 7  # odd: with accumulate_grad_batches=2 each epoch ends mid-accumulation
@@ -35,8 +37,9 @@ def dataset(world: int) -> TensorDataset:
 
 
 class Regression(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, call_net: bool = False) -> None:
         super().__init__()
+        self.call_net = call_net
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
                                  nn.Linear(32, 1))
         self.deferred_steps = 0
@@ -46,7 +49,7 @@ class Regression(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = nn.functional.mse_loss(self(x), y)
+        loss = nn.functional.mse_loss(self.net(x) if self.call_net else self(x), y)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
         return loss
 
@@ -69,9 +72,10 @@ def full_loss(model: nn.Module, data: TensorDataset) -> float:
         return float(nn.functional.mse_loss(model(x), y))
 
 
-def train(strategy: Strategy, world: int) -> tuple[Regression, float, float]:
+def train(strategy: Strategy, world: int, call_net: bool = False
+          ) -> tuple[Regression, float, float]:
     pl.seed_everything(3, verbose=False)
-    model = Regression()
+    model = Regression(call_net)
     data = dataset(world)
     before = full_loss(model, data)
     trainer = pl.Trainer(accelerator="cpu", devices=world, num_nodes=1, strategy=strategy,
@@ -92,10 +96,12 @@ def main() -> int:
     out = sys.argv[1]
     world = int(__import__("os").environ["WORLD_SIZE"])
     runs: dict[str, Any] = {}
-    for policy in POLICIES:  # first: CommschedStrategy makes the world (commsched's bootstrap)
+    for run in RUNS:  # first: CommschedStrategy makes the world (commsched's bootstrap)
         started = time.monotonic()
-        model, before, after = train(CommschedStrategy(policy=policy, profile_steps=2), world)
-        runs[policy] = {"params": flat(model), "before": before, "after": after,
+        policy, _, how = run.partition("/")
+        model, before, after = train(CommschedStrategy(policy=policy, profile_steps=2), world,
+                                     call_net=how == "net")
+        runs[run] = {"params": flat(model), "before": before, "after": after,
                         "deferred_steps": model.deferred_steps,
                         "seconds": time.monotonic() - started}
     started = time.monotonic()

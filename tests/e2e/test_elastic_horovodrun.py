@@ -38,7 +38,7 @@ def _local_names() -> None:
             pytest.skip(f"host name {name!r} resolves to {address}, not 127.0.0.1")
 
 
-def _run(tmp_path, kill_at: int, add_at: int, policy: str) -> tuple[dict, dict]:
+def _run(tmp_path, kill_at: int, add_at: int, policy: str, kill: str = "") -> tuple[dict, dict]:
     """Runs the elastic job; returns each host's log lines and final state."""
     _local_names()
     with open(tmp_path / "hosts", "w", encoding="utf-8") as handle:
@@ -54,7 +54,7 @@ def _run(tmp_path, kill_at: int, add_at: int, policy: str) -> tuple[dict, dict]:
     # A rank starved on 2 cores for longer costs no failure: in an elastic job Horovod's own
     # timeout is a reset like any other, and the steps since the last commit run again.
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "20", "COMMSCHED_TIMEOUT": "60",
-           "ELASTIC_JOB_POLICY": policy}
+           "ELASTIC_JOB_POLICY": policy, "ELASTIC_JOB_KILL": kill}
     result = run_job(args, timeout=240, env=env)
     logs = {}
     for path in glob.glob(str(tmp_path / "log.*.jsonl")):
@@ -153,6 +153,17 @@ def _after_reset(log_lines: list[dict]) -> dict[int, bool]:
 
 def _changes(values: list[int]) -> list[bool]:
     return [b != a for a, b in zip(values, values[1:], strict=False)]
+
+
+@pytest.mark.e2e
+def test_losing_the_last_worker_under_deferred_updates_never_hangs(tmp_path) -> None:
+    """The last rank leaves with os._exit(1) at the top of step 5, as a user's script would,
+    under dear and auto (whose all-gathers and deferred updates were once in flight there: a
+    survivor's restore joined a Gloo worker still receiving from the other survivor, whose old
+    group stayed open; Note [Retiring a group] in csrc/engine.cpp). The survivors re-form and
+    end where the replay of the committed steps ends."""
+    logs, finals = _run(tmp_path, kill_at=5, add_at=-1, policy="dear,auto", kill="last,exit,top")
+    _check(logs, finals, survivors=2, expected_sizes=[3] * 5 + [2] * 15)
 
 
 @pytest.mark.e2e
