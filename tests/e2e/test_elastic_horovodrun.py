@@ -156,19 +156,14 @@ def _changes(values: list[int]) -> list[bool]:
 
 
 @pytest.mark.e2e
-def test_losing_the_last_worker_under_deferred_updates_never_hangs(tmp_path) -> None:
+def test_elastic_job_survives_losing_its_last_worker(tmp_path) -> None:
     """The last rank leaves with os._exit(1) at the top of step 5, as a user's script would,
-    under dear and auto (whose all-gathers and deferred updates were once in flight there: a
-    survivor's restore joined a Gloo worker still receiving from the other survivor, whose old
-    group stayed open; Note [Retiring a group] in csrc/engine.cpp). The survivors re-form and
-    end where the replay of the committed steps ends."""
-    logs, finals = _run(tmp_path, kill_at=5, add_at=-1, policy="dear,auto", kill="last,exit,top")
-    _check(logs, finals, survivors=2, expected_sizes=[3] * 5 + [2] * 15)
-
-
-@pytest.mark.e2e
-def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
-    logs, finals = _run(tmp_path, kill_at=5, add_at=-1, policy="horovod")
+    under horovod, dear and auto. Under dear and auto all-gathers and deferred updates were in
+    flight there: a survivor's restore once joined a Gloo worker still receiving from the other
+    survivor, whose old group stayed open (Note [Retiring a group] in csrc/engine.cpp). The
+    survivors re-form and end where the replay of the committed steps ends."""
+    logs, finals = _run(tmp_path, kill_at=5, add_at=-1, policy="horovod,dear,auto",
+                        kill="last,exit,top")
     _check(logs, finals, survivors=2, expected_sizes=[3] * 5 + [2] * 15)
 
 
