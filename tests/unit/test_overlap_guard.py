@@ -18,6 +18,7 @@ from torch import nn
 
 import commsched
 from commsched.optimizer import _DistributedOptimizer as Wrapped
+from commsched.runtime.overlap import OverlapRunner
 
 
 def _wrap(model: nn.Module, policy: str) -> Wrapped:
@@ -65,6 +66,25 @@ def _step_both(pairs: list[tuple[Any, torch.optim.Optimizer]],
 
 def _called(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return m(x)
+
+
+def _keeps_deferring(ours: Wrapped, pairs: list[tuple[Any, torch.optim.Optimizer]],
+                     split: bool = False) -> OverlapRunner:
+    """Trains past the plan's settling (`split`: then one update group per module): every
+    forward pass reads what the plain optimizer's does, updates stay deferred, no warning."""
+    runner = ours.session.runner
+    assert runner is not None
+    deferred = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for step in range(SETTLED + 4):
+            if split and step == SETTLED:
+                one_group_per_module(ours)
+            mine, theirs = _step_both(pairs, _called, step)
+            assert torch.equal(mine, theirs), step
+            deferred += runner.open
+    assert deferred >= 4 and not runner.guard.updates_at_step
+    return runner
 
 
 @pytest.mark.parametrize("policy", ["bytescheduler", "dear"])
@@ -121,18 +141,7 @@ def test_a_parameter_read_without_its_module_is_applied_by_its_parent() -> None:
     model, twin = Bypassing(), Bypassing()
     model.bypass = twin.bypass = True
     ours, plain = _wrap(model, "bytescheduler"), torch.optim.SGD(twin.parameters(), lr=0.05)
-    runner = ours.session.runner
-    assert runner is not None
-    deferred = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        for step in range(SETTLED + 4):
-            if step == SETTLED:
-                one_group_per_module(ours)
-            mine, theirs = _step_both([(model, ours), (twin, plain)], _called, step)
-            assert torch.equal(mine, theirs), step
-            deferred += runner.open
-    assert deferred >= 4 and not runner.guard.updates_at_step
+    _keeps_deferring(ours, [(model, ours), (twin, plain)], split=True)
     ours.session.close()
 
 
@@ -146,15 +155,6 @@ def test_a_container_whose_inner_network_the_loop_calls_keeps_its_overlap() -> N
         profile_steps=2, named_parameters=net.named_parameters())
     ours.session.never_pass_through()
     plain = torch.optim.SGD(twin.parameters(), lr=0.05)
-    runner = ours.session.runner
-    assert runner is not None
-    deferred = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        for step in range(SETTLED + 4):
-            mine, theirs = _step_both([(net, ours), (twin, plain)], _called, step)
-            assert torch.equal(mine, theirs), step
-            deferred += runner.open
-    assert deferred >= 4 and not runner.guard.updates_at_step
+    runner = _keeps_deferring(ours, [(net, ours), (twin, plain)])
     assert "" not in runner.modules.order and runner.modules.order[0] == "net"
     ours.session.close()
