@@ -1,5 +1,6 @@
-"""Process-group bootstrap for every way a job is launched (Note [Which launcher started this
-process] in world/launchers.py says how the launcher is read).
+"""Process-group bootstrap for every way a job is launched.
+
+Note [Which launcher started this process] in world/launchers.py says how the launcher is read.
 
 * ``horovodrun`` (Gloo controller): ``hvd.init()``; rank 0 opens a ``TCPStore`` on a free port
   and broadcasts its address with Horovod (under an explicit name: Horovod names an unnamed
@@ -49,8 +50,11 @@ HOROVODRUN = "this process was started by horovodrun (HOROVOD_RANK is set)"
 
 
 def _horovod_world(timeout: float, launched: LaunchedAs | None = None) -> World:
-    """The world through Horovod: started by horovodrun (`launched` None), or by an MPI
-    launcher whose ranks Horovod (built with MPI) connects (Note [Finding the rendezvous])."""
+    """The world through Horovod.
+
+    Started by horovodrun (`launched` None), or by an MPI launcher whose ranks Horovod (built
+    with MPI) connects (Note [Finding the rendezvous]).
+    """
     hvd = import_horovod(HOROVODRUN if launched is None else
                          f"this {launched.name} job ({launched.describe()}) forms its world "
                          "through Horovod")
@@ -88,8 +92,10 @@ def _horovod_world(timeout: float, launched: LaunchedAs | None = None) -> World:
 
 
 def _route_probe() -> str:
-    """A host whose route leaves this one towards the job's other hosts: Open MPI's mpirun host
-    (from its URI), else this host's own name resolved."""
+    """A host whose route leaves this one towards the job's other hosts.
+
+    Open MPI's mpirun host (from its URI), else this host's own name resolved.
+    """
     uri = os.environ.get("OMPI_MCA_orte_hnp_uri", "")  # noqa: SIM112 (Open MPI's spelling)
     for part in uri.split(";")[1:]:
         if part.startswith("tcp://"):
@@ -154,8 +160,10 @@ def _horovod_has_mpi() -> bool:
 
 
 def _parent_key() -> str:
-    """A key of this host's ranks where the launcher names no job (MPICH's Hydra): their
-    common parent process, the launcher's proxy, with its start time against a reused pid."""
+    """A key of this host's ranks where the launcher names no job (MPICH's Hydra).
+
+    Their common parent process, the launcher's proxy, with its start time against a reused pid.
+    """
     parent = os.getppid()
     try:
         with open(f"/proc/{parent}/stat", encoding="utf-8") as handle:
@@ -167,8 +175,7 @@ def _parent_key() -> str:
 
 def _store_world(launched: LaunchedAs, host: str, port: int, prefix: str,
                  timeout: float) -> World:
-    """Rank 0 serves a TCPStore at `host`:`port`, the others connect; the job's keys under
-    `prefix`."""
+    """Rank 0 serves a TCPStore at `host`:`port`, the others connect; keys under `prefix`."""
     delta = datetime.timedelta(seconds=timeout)
     choose_gloo_interface(host, _backend())
     try:
@@ -186,8 +193,10 @@ def _store_world(launched: LaunchedAs, host: str, port: int, prefix: str,
 
 
 def _local_world(launched: LaunchedAs, prefix: str, timeout: float) -> World:
-    """Every rank on this host: rank 0's store on a free loopback port, told through a file
-    (Note [Finding the rendezvous], 3)."""
+    """Every rank on this host: rank 0's store on a free port, told through a file.
+
+    Note [Finding the rendezvous], case 3.
+    """
     delta = datetime.timedelta(seconds=timeout)
     name = "".join(c if c.isalnum() or c in "-." else "_" for c in prefix.strip("/"))
     path = os.path.join(tempfile.gettempdir(), f"{name}-{launched.size}.port")
