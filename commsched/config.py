@@ -127,6 +127,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("timeout", Kind.SECONDS, 300.0, "Limit of every wait (collectives, bootstrap, flush); "
          "its error names the blocks and tensors that were not ready.", minimum=0,
          exclusive_minimum=True, maximum=7 * 24 * 3600),
+    Knob("backend", Kind.CHOICE, "auto", "Backend of the process groups of a world commsched "
+         "forms: `nccl` (CUDA tensors), `gloo` (CPU tensors); `auto`: `nccl` where CUDA and "
+         "NCCL are available, else `gloo`. A group you made before init() keeps its own.",
+         choices=("auto", "nccl", "gloo")),
     Knob("stall_warning", Kind.SECONDS, None, "Rank 0 warns which ranks are behind and how (the "
          "gradients ready on some ranks and missing on them, or the phase they are stuck in) once "
          "a rank has waited this long (0: never); unset: a fifth of `timeout`, so that the "
@@ -183,6 +187,10 @@ KNOBS: tuple[Knob, ...] = (
          "of the parameters it owns only: gradients are reduce-scattered, owners step, the "
          "updated parameters are all-gathered (ZeRO stage 1, docs/sharding.md). Synchronous "
          "policies and `dear`; element-wise torch.optim optimizers."),
+    Knob("uneven_inputs", Kind.FLAG, False, "Each iteration first tells the other ranks whether "
+         "this one still has a batch (one small all-reduce), so that a rank out of batches can "
+         "call `commsched.join()` and answer their collectives until every rank is done "
+         "(`commsched.Join` does the same for a block without it)."),
     Knob("topk_ratio", Kind.FLOAT, 0.01, "`topk`: share of each compressed tensor's entries sent "
          "(the largest in magnitude).", minimum=0, exclusive_minimum=True, maximum=1),
     Knob("topk_start_step", Kind.COUNT, 0, "`topk`: iterations exchanged uncompressed first (a "
@@ -227,6 +235,8 @@ class Config:
     auto_trials: int = 2
     shard_optimizer: bool = False
     refine_steps: int = 10
+    backend: str = "auto"
+    uneven_inputs: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The knobs as plain values by key (the policy as its name), for logs and checks."""

@@ -6,7 +6,7 @@ import enum
 
 
 class ReduceOp(enum.IntEnum):
-    """How DistributedOptimizer's ``op=`` combines the ranks' gradients.
+    """How DistributedOptimizer's ``op=`` combines the ranks' gradients, and allreduce()'s values.
 
     ``Average`` (the default) is the mean over ranks, ``Sum`` the sum; ``Adasum`` exists for
     Horovod's numbering only and is refused. The values are Horovod's, so ``hvd.Average`` and

@@ -18,7 +18,7 @@ from . import _C
 from .compression import NoneCompressor, from_config, resolve, split
 from .config import load_config
 from .ops import Average, ReduceOp, resolve_op
-from .params import resolve_groups, resolve_names
+from .params import refuse_data_parallel, resolve_groups, resolve_names
 from .plan import Plan
 from .runtime import checkpoint
 from .runtime.auto import AutoState
@@ -433,10 +433,11 @@ def DistributedOptimizer(  # Horovod's name: called like a class
         ValueError: an argument Horovod refuses (backward_passes_per_step not a positive
             integer, ``op=Adasum`` or no reduction op, gradient_predivide_factor not positive or
             not 1 with ``op=Sum``, named_parameters with duplicate or missing names, malformed
-            groups, a process_set with ranks outside the world); an overlap policy without
-            `model`, with a model compiled with ``fullgraph=True``, or with an optimizer that
-            needs every gradient at once (LBFGS); in an elastic Horovod job, an overlap policy,
-            a process_set or a lossy compressor.
+            groups, a process_set with ranks outside the world); `model`, or the module of
+            the parameters, wrapped in torch's DistributedDataParallel (it would reduce every
+            gradient a second time: drop one of the two); an overlap policy without `model`,
+            with a model compiled with ``fullgraph=True``, or with an optimizer that needs
+            every gradient at once (LBFGS); in an elastic Horovod job, shard_optimizer=True.
         ConfigError: a knob's value is not allowed, or a keyword argument, ``COMMSCHED_*``
             variable or YAML key is unknown; the message names the source and what is allowed.
         MismatchError: the ranks wrap different parameters (names, shapes, dtypes) or settings.
@@ -457,6 +458,7 @@ def DistributedOptimizer(  # Horovod's name: called like a class
         knobs, compression = {**knobs, "compression": compression}, None
     config = load_config({**knobs, "policy": policy})
     named = resolve_names(optimizer, named_parameters)
+    refuse_data_parallel(model, [p for _, p in named])
     group_of = resolve_groups([p for _, p in named if p.requires_grad], num_groups, groups)
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped: _DistributedOptimizer = object.__new__(cls)

@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+_REDUCED_TWICE = (
+    "which all-reduces every gradient itself in backward: commsched would reduce them a second "
+    "time. Drop one of the two: pass the module inside it (`ddp_model.module`) as model= and "
+    "its parameters, and let commsched reduce, or keep DDP with the plain optimizer")
+
+
+def refuse_data_parallel(model: torch.nn.Module | None, params: list[torch.Tensor]) -> None:
+    """Raises ValueError where `model`, or the module holding `params`, is wrapped in DDP.
+
+    Such a wrapper exists only beside an initialised process group, so without one nothing is
+    looked for; with one, the live DDP wrappers are found once, at wrap time.
+    """
+    if model is not None:
+        inside = [name or "the model" for name, module in model.named_modules()
+                  if isinstance(module, DistributedDataParallel)]
+        if inside:
+            raise ValueError(f"commsched: model= is (or holds, as {inside[0]!r}) torch's "
+                             f"DistributedDataParallel, {_REDUCED_TWICE}")
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    ids = {id(p) for p in params}
+    for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel) and \
+                any(id(p) in ids for p in obj.module.parameters()):
+            raise ValueError("commsched: the parameters given to DistributedOptimizer belong to "
+                             "a module wrapped in torch's DistributedDataParallel, "
+                             + _REDUCED_TWICE)
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

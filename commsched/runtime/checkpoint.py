@@ -128,7 +128,8 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
         session.compressed.load(entry["compression"])
         session.compressed.on = False  # as the saved run stood at this iteration
         lifecycle.compressor = None
-        session.compression_restored()
+        # compressing or not as the saved run was at its iteration
+        session.compressed.restored_at(session.iteration, lifecycle)
     saved_runner = entry["runner"]
     if session.runner is not None and saved_runner is not None:
         session.runner.restore(list(saved_runner["order"]), bool(saved_runner["active"]),

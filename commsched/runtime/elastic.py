@@ -21,6 +21,10 @@ def refuse_in_elastic_job(config: Config) -> None:
                          "run in an elastic Horovod job yet: each rank holds the optimizer "
                          "state of its slices only, which would be lost with a worker and would "
                          "have to move to the re-formed world's slices; leave it off there")
+    if config.uneven_inputs:
+        raise ValueError("commsched: uneven_inputs=True (COMMSCHED_UNEVEN_INPUTS) does not run "
+                         "in an elastic Horovod job: its votes pair ranks by their iterations, "
+                         "which a lost worker's rollback changes; leave it off there")
 
 
 # Note [Elastic Horovod and deferred updates]

@@ -51,6 +51,7 @@ from .passthrough import PassThrough
 from .release import Resources, release, release_orphans
 from .sharded import ShardedState
 from .sparse import SparseExchange, sparse_parameter_ids
+from .step_vote import NoVote, StepVote
 from .wrap import WrapOptions, make_specs
 
 T = TypeVar("T")
@@ -116,6 +117,8 @@ class Session:
         self.elastic_guard = ElasticGuard(self.binding, self.accumulation)
         if not elastic_job:  # an elastic job binds at its first step
             self._bind()
+        # Note [Answering the others' collectives]; commsched.Join swaps it for its block.
+        self.vote: NoVote | StepVote = StepVote(self.world) if config.uneven_inputs else NoVote()
         self.hooks.install(self.accumulation.intake, self.params, self._routed)
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
@@ -185,6 +188,7 @@ class Session:
     def first_gradient(self) -> None:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
+        self.vote.cast(self.iteration)  # before any collective of the iteration
         if self.binding.elastic:  # Note [Elastic Horovod] in world/bootstrap.py
             self.elastic_guard.rebind_if_stale(self._bind)
         self.accumulation.intake.started = True
@@ -226,6 +230,7 @@ class Session:
         self.elastic_guard.run(self._reduce)
 
     def _reduce(self, sharded: ShardedState | None = None) -> None:
+        self.vote.cast(self.iteration)  # where no gradient came in this iteration
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
         self._launch_rest()
@@ -272,6 +277,7 @@ class Session:
         runner = self.runner
         assert runner is not None
         _activity.now = ("step", time.monotonic(), self.iteration)
+        self.vote.cast(self.iteration)  # where no gradient came in this iteration
         runner.finish()  # where no backward came since the last step(); else it holds nothing
         if self.lifecycle.unsettled:
             self.lifecycle.settle(self.iteration)
@@ -357,11 +363,6 @@ class Session:
             self.runner.finish()
         if pause and self.bound:  # unbound (an elastic job before its first step): no clock
             self.clock.pause()
-
-    def compression_restored(self) -> None:
-        """After load_state_dict(): compressing or not as the saved run was."""
-        if self.compressed is not None:
-            self.compressed.restored_at(self.iteration, self.lifecycle)
 
     def profile_document(self) -> dict:
         return self.lifecycle.profile_document()

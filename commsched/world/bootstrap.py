@@ -24,15 +24,15 @@ import sys
 import tempfile
 import time
 
-import torch
 import torch.distributed as dist
 
 from ..config import load_config
 from . import groups, registry
+from .devices import prepare_backend
 from .errors import LauncherError, elastic, import_horovod
 from .interfaces import address_towards, choose_gloo_interface
 from .launchers import LaunchedAs, derived_port, read_launcher
-from .view import Launcher, World
+from .view import HostLayout, Launcher, World, host_layout
 
 log = logging.getLogger("commsched")
 
@@ -40,10 +40,6 @@ log = logging.getLogger("commsched")
 _world: World | None = None
 _shut_down = False  # whether the last world ended in shutdown(), for world()'s message
 _generation = 0  # worlds formed by this process so far (see Note [Elastic Horovod])
-
-
-def _backend() -> str:
-    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
 HOROVODRUN = "this process was started by horovodrun (HOROVOD_RANK is set)"
@@ -74,7 +70,8 @@ def _horovod_world(timeout: float, launched: LaunchedAs | None = None) -> World:
     store = None
     rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or (
         "127.0.0.1" if launched is None or launched.single_host else _route_probe())
-    choose_gloo_interface(rendezvous, _backend())
+    backend = prepare_backend(local_rank)  # Note [The device before the group]
+    choose_gloo_interface(rendezvous)
     if rank == 0:
         port = int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "1"))
         host = address_towards(rendezvous, port)
@@ -85,8 +82,9 @@ def _horovod_world(timeout: float, launched: LaunchedAs | None = None) -> World:
     address = hvd.broadcast_object(address, root_rank=0, name="commsched.bootstrap.store")
     if rank != 0:
         store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=delta)
-    dist.init_process_group(_backend(), store=store, rank=rank, world_size=size, timeout=delta)
-    w = _world_from_group(rank, size, local_rank, Launcher.HOROVOD, True, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=delta)
+    w = _world_from_group(rank, size, local_rank, Launcher.HOROVOD, True, timeout,
+                          HostLayout(hvd.local_size(), hvd.cross_rank(), hvd.cross_size()))
     w.store_address = (address[0], int(address[1]))
     return w
 
@@ -177,7 +175,7 @@ def _store_world(launched: LaunchedAs, host: str, port: int, prefix: str,
                  timeout: float) -> World:
     """Rank 0 serves a TCPStore at `host`:`port`, the others connect; keys under `prefix`."""
     delta = datetime.timedelta(seconds=timeout)
-    choose_gloo_interface(host, _backend())
+    choose_gloo_interface(host)
     try:
         store = dist.TCPStore(host, port, launched.size, is_master=launched.rank == 0,
                               wait_for_workers=False, timeout=delta)
@@ -237,20 +235,26 @@ def _read_port(path: str, launched: LaunchedAs, timeout: float) -> int:
 
 def _group_world(launched: LaunchedAs, store: dist.Store, address: tuple[str, int], prefix: str,
                  timeout: float) -> World:
-    dist.init_process_group(_backend(), store=store, rank=launched.rank,
-                            world_size=launched.size, timeout=datetime.timedelta(seconds=timeout))
+    backend = prepare_backend(launched.local_rank)  # Note [The device before the group]
+    dist.init_process_group(backend, store=store, rank=launched.rank, world_size=launched.size,
+                            timeout=datetime.timedelta(seconds=timeout))
     w = _world_from_group(launched.rank, launched.size, launched.local_rank, launched.launcher,
-                          True, timeout)
+                          True, timeout, node=launched.node)
     w.store_address, w.store_prefix = address, prefix
     return w
 
 
 def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher, owns: bool,
-                      timeout: float) -> World:
+                      timeout: float, layout: HostLayout | None = None, node: str = "") -> World:
+    """The world of the default group; `layout` where the launcher knows it, else the ranks
+    tell each other their host (`node`, the launcher's name for it, else the host name)."""
     group = dist.group.WORLD
     control = group if dist.get_backend(group) == "gloo" else dist.new_group(
         backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-    return World(rank, size, local_rank, launcher, group, control, owns, timeout)
+    w = World(rank, size, local_rank, launcher, group, control, owns, timeout)
+    w.layout = layout or host_layout(w.all_gather_object((node or socket.gethostname(),
+                                                          local_rank)), rank)
+    return w
 
 
 def _attempt_namespace() -> str:
@@ -266,7 +270,9 @@ def _attempt_namespace() -> str:
 
 
 def _torchrun_world(timeout: float) -> World:
-    choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"), _backend())
+    # Note [The device before the group]
+    backend = prepare_backend(int(os.environ.get("LOCAL_RANK", "0")))
+    choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     delta = datetime.timedelta(seconds=timeout)
     namespace = _attempt_namespace()
     if namespace:
@@ -274,24 +280,26 @@ def _torchrun_world(timeout: float) -> World:
         store = dist.PrefixStore(namespace, dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=False,
             timeout=delta))
-        dist.init_process_group(_backend(), store=store, rank=int(os.environ["RANK"]),
+        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                                 world_size=size, timeout=delta)
     else:
-        dist.init_process_group(_backend(), init_method="env://", timeout=delta)
+        dist.init_process_group(backend, init_method="env://", timeout=delta)
     return _world_from_group(dist.get_rank(), dist.get_world_size(),
                              int(os.environ.get("LOCAL_RANK", "0")), Launcher.TORCHRUN, True,
-                             timeout)
+                             timeout, node=read_launcher(os.environ).node)
 
 
 def _existing_world(timeout: float) -> World:
     rank, size = dist.get_rank(), dist.get_world_size()
     try:  # the launcher's word for it; a group made by hand may come with no launcher at all
-        local_rank = read_launcher(os.environ).local_rank
+        launched = read_launcher(os.environ)
+        local_rank, node = launched.local_rank, launched.node
     except LauncherError:
-        local_rank = 0
+        local_rank, node = 0, ""
     if size == 1:
         return World(rank, 1, local_rank, Launcher.EXISTING, None, None, False, timeout)
-    return _world_from_group(rank, size, local_rank, Launcher.EXISTING, False, timeout)
+    return _world_from_group(rank, size, local_rank, Launcher.EXISTING, False, timeout,
+                             node=node)
 
 
 def init(timeout: float | None = None, stall_warning: float | None = None) -> World:
@@ -307,8 +315,11 @@ def init(timeout: float | None = None, stall_warning: float | None = None) -> Wo
     Horovod where it is loaded, else on this host when every rank is here, else at the first
     node of srun's node list (Note [Finding the rendezvous]). No launcher: a world of one, with
     no network at all, but never where a launcher's variables say more than one process.
-    Collectives use NCCL where CUDA is available and Gloo otherwise; Gloo binds to the interface
-    on the route to the rendezvous host unless GLOO_SOCKET_IFNAME is set. With more than one rank
+    Collectives use NCCL where CUDA is available and Gloo otherwise, unless COMMSCHED_BACKEND
+    says which; before an NCCL group it selects ``cuda:local_rank()`` unless this process has
+    initialised CUDA already (Note [The device before the group] in world/devices.py). Gloo
+    binds to the interface on the route to the rendezvous host unless GLOO_SOCKET_IFNAME is set
+    (the control messages go over Gloo under NCCL too). With more than one rank
     a heartbeat thread starts, which names the culprit when a wait fails and makes rank 0 warn
     about late ranks (docs/failures.md).
 
@@ -334,7 +345,8 @@ def init(timeout: float | None = None, stall_warning: float | None = None) -> Wo
             incomplete or out of range, this is a Slurm allocation's shell rather than an srun
             task, or no rendezvous can be found; the message names the variables and what to
             set.
-        ConfigError: a ``COMMSCHED_*`` knob read here has a value that is not allowed.
+        ConfigError: a ``COMMSCHED_*`` knob read here has a value that is not allowed
+            (COMMSCHED_BACKEND=nccl where no CUDA device is visible, say).
         RuntimeError: torch.distributed's rendezvous failed or timed out (its own errors, as
             ``init_process_group`` raises them).
         ValueError: torch.distributed found a rendezvous variable missing (MASTER_ADDR, say).
@@ -560,3 +572,45 @@ def local_rank() -> int:
         RuntimeError: before init() made the world, or after shutdown().
     """
     return world().local_rank
+
+
+def local_size() -> int:
+    """The number of ranks on this host, as ``hvd.local_size()``; 1 for a lone process.
+
+    Returns:
+        The ranks that share this process's host (Horovod's word under horovodrun; otherwise
+        the ranks that the launcher places on this host, or that share its host name).
+
+    Raises:
+        RuntimeError: before init() made the world, or after shutdown().
+    """
+    return world().layout.local_size
+
+
+def cross_rank() -> int:
+    """This process's rank among the ranks of its local rank, as ``hvd.cross_rank()``.
+
+    With as many ranks on every host, it is the number of this process's host: 0 on the first
+    host, 1 on the second, and so on (use it to let one host download a dataset).
+
+    Returns:
+        The rank within the cross group, 0 to cross_size() - 1.
+
+    Raises:
+        RuntimeError: before init() made the world, or after shutdown().
+    """
+    return world().layout.cross_rank
+
+
+def cross_size() -> int:
+    """The number of ranks of this process's local rank, as ``hvd.cross_size()``.
+
+    With as many ranks on every host, it is the number of hosts of the job.
+
+    Returns:
+        The size of the cross group; 1 for a job on one host.
+
+    Raises:
+        RuntimeError: before init() made the world, or after shutdown().
+    """
+    return world().layout.cross_size

@@ -37,14 +37,14 @@ def interface_with_address(address: str) -> str | None:
     return None
 
 
-def choose_gloo_interface(peer: str, backend: str) -> None:
+def choose_gloo_interface(peer: str) -> None:
     """Sets GLOO_SOCKET_IFNAME to the interface on the route to the rendezvous host `peer`.
 
     Gloo binds to the address the host name resolves to, which is often 127.0.x.1: peers on
     other hosts then dial their own loopback and the job times out. An interface the user chose
-    (GLOO_SOCKET_IFNAME) is kept.
+    (GLOO_SOCKET_IFNAME) is kept. Under NCCL too: a world's control group is Gloo's.
     """
-    if os.environ.get("GLOO_SOCKET_IFNAME") or backend != "gloo":
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
         return
     try:
         local = address_towards(peer, 9)

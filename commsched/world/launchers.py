@@ -58,7 +58,8 @@ class LaunchedAs:
     `seen` holds the variables that were read, for messages; `job` is a key equal on every
     rank of the job and on no other job's (for a rendezvous of its own); `single_host` tells
     whether every rank runs on this host; `first_host` is the host of rank 0 where the launcher
-    says it (Slurm's first node of the step).
+    says it (Slurm's first node of the step); `node` names this process's host where the
+    launcher numbers its hosts (torchrun's GROUP_RANK, Slurm's SLURM_NODEID), "" elsewhere.
     """
 
     launcher: Launcher
@@ -70,6 +71,7 @@ class LaunchedAs:
     job: str = ""
     single_host: bool | None = None
     first_host: str | None = None
+    node: str = ""
 
     def describe(self) -> str:
         """'VAR=value, ...' of what was read, for a message."""
@@ -135,8 +137,10 @@ def read_launcher(env: Mapping[str, str]) -> LaunchedAs:
         size = _int(env, "WORLD_SIZE", seen, None if "RANK" in env else 1, low=1)
         if "RANK" in env or size > 1:
             rank = _int(env, "RANK", seen)
+            node = f"torchrun-node-{env['GROUP_RANK']}" if "GROUP_RANK" in env else ""
             return _checked(LaunchedAs(Launcher.TORCHRUN, rank, size,
-                                       _int(env, "LOCAL_RANK", seen, 0), "torchrun", seen))
+                                       _int(env, "LOCAL_RANK", seen, 0), "torchrun", seen,
+                                       node=node))
     for flavour in MPI_FLAVOURS:
         if flavour.rank in env or flavour.size in env:
             seen = {}
@@ -157,9 +161,10 @@ def read_launcher(env: Mapping[str, str]) -> LaunchedAs:
         if nodelist:
             seen["SLURM_STEP_NODELIST"] = nodelist
         job = f"slurm-{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}"
+        node = f"slurm-node-{env['SLURM_NODEID']}" if "SLURM_NODEID" in env else ""
         return _checked(LaunchedAs(Launcher.SLURM, rank, size, local_rank, "srun", seen, job,
                                    nodes == 1 if nodes else None,
-                                   first_host(nodelist) if nodelist else None))
+                                   first_host(nodelist) if nodelist else None, node))
     tasks = env.get("SLURM_NTASKS")
     if tasks is not None and tasks.strip().isdigit() and int(tasks) > 1:
         raise LauncherError(

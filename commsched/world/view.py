@@ -25,6 +25,27 @@ class Launcher(enum.StrEnum):
     EXISTING = "existing"  # the user initialised torch.distributed before us
 
 
+@dataclass(frozen=True)
+class HostLayout:
+    """Where a rank sits among the job's hosts, in Horovod's terms (local_size(), cross_rank(),
+    cross_size())."""
+
+    local_size: int = 1  # ranks on this rank's host
+    cross_rank: int = 0  # this rank among the ranks of its local rank, one per host
+    cross_size: int = 1  # ranks of its local rank: the hosts, where each runs as many
+
+
+def host_layout(placement: list[tuple[str, int]], rank: int) -> HostLayout:
+    """The HostLayout of `rank` from every rank's (host, local rank), in rank order.
+
+    Horovod's cross communicator joins the ranks of one local rank, in rank order; under a
+    launcher that gives every host as many ranks its size is the number of hosts.
+    """
+    host, local = placement[rank]
+    peers = [r for r, (_, other) in enumerate(placement) if other == local]
+    return HostLayout(sum(1 for h, _ in placement if h == host), peers.index(rank), len(peers))
+
+
 @dataclass
 class World:
     """One process's view of the job: its rank among `size`, how it was launched, its groups.
@@ -45,6 +66,7 @@ class World:
     store_prefix: str = ""  # the job's keys in that store (world/bootstrap.py)
     liveness: Any = None
     generation: int = 0  # how many worlds this process formed before (elastic re-forming)
+    layout: HostLayout = field(default_factory=HostLayout)  # its place among the job's hosts
     broken: bool = False  # a collective failed: an elastic job re-forms the world
     # A process set's view of the world (world.process_sets): the global ranks of its members,
     # `rank` and `size` being within the set; None for the whole world.

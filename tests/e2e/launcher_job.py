@@ -1,5 +1,6 @@
 """One training job for every launcher (test_launchers.py): each rank trains the same model on
-its own batches under a few policies and writes what its world was and its final parameters to
+its own batches under a few policies, then runs the collectives a script calls on its own
+tensors, and writes what its world was, its final parameters and those results to
 OUT_DIR/rank{R}.pt. Run as ``LAUNCHER python launcher_job.py OUT_DIR [OPTION]``:
 ``--horovod`` imports horovod.torch and calls hvd.init() first, as a Horovod script does;
 ``--own-group`` makes torch.distributed's group itself from the launcher's rank and size, as
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,6 +49,19 @@ def train(policy: str, rank: int) -> list[torch.Tensor]:
     return out
 
 
+def calls(rank: int) -> dict[str, Any]:
+    """Horovod's calls on a script's own tensors (a metric, a seed) and its host layout."""
+    import commsched
+
+    value = torch.tensor([1.0 + rank, 10.0 * rank])
+    return {"average": commsched.allreduce(value),
+            "sum": commsched.allreduce(value, op=commsched.Sum),
+            "sum_flag": commsched.allreduce(value, average=False),
+            "gathered": commsched.allgather(torch.full((rank + 1, 2), float(rank))),
+            "broadcast": commsched.broadcast(torch.tensor([float(rank)]), root_rank=1),
+            "layout": (commsched.local_size(), commsched.cross_rank(), commsched.cross_size())}
+
+
 def own_group() -> None:
     """The group a framework would make before commsched: from Open MPI's rank and size."""
     import torch.distributed as dist
@@ -78,7 +93,8 @@ def main(out_dir: str, option: str) -> None:
         raise
     result = {"rank": world.rank, "size": world.size, "local_rank": world.local_rank,
               "launcher": world.launcher.value, "store_address": world.store_address,
-              "params": {policy: train(policy, world.rank) for policy in POLICIES}}
+              "params": {policy: train(policy, world.rank) for policy in POLICIES},
+              "calls": calls(world.rank)}
     torch.save(result, os.path.join(out_dir, f"rank{world.rank}.pt"))
     commsched.shutdown()
 

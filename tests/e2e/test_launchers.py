@@ -70,7 +70,22 @@ def torchrun_params(tmp_path_factory) -> dict[int, dict[str, Any]]:
     out = str(tmp_path_factory.mktemp("torchrun"))
     run_job([os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node=2", JOB, out],
             timeout=180)
-    return _results(out)
+    results = _results(out)
+    for rank in (0, 1):
+        _check_calls(results[rank]["calls"])
+    return results
+
+
+def _check_calls(calls: dict[str, Any]) -> None:
+    """launcher_job.calls() on 2 ranks of one host: [1 + rank, 10 rank] reduced, rank + 1 rows
+    of the rank gathered, rank 1's value broadcast."""
+    assert torch.equal(calls["average"], torch.tensor([1.5, 5.0])), calls
+    assert torch.equal(calls["sum"], torch.tensor([3.0, 10.0])), calls
+    assert torch.equal(calls["sum_flag"], calls["sum"]), calls
+    assert torch.equal(calls["gathered"], torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]])), \
+        calls
+    assert torch.equal(calls["broadcast"], torch.tensor([1.0])), calls
+    assert calls["layout"] == (2, 0, 1), calls  # local_size, cross_rank, cross_size
 
 
 def _same_as_torchrun(out: str, reference: dict[int, dict[str, Any]], launcher: str) -> None:
@@ -79,6 +94,7 @@ def _same_as_torchrun(out: str, reference: dict[int, dict[str, Any]], launcher: 
         got = results[rank]
         assert (got["rank"], got["size"], got["local_rank"]) == (rank, 2, rank), got
         assert got["launcher"] == launcher, (got["launcher"], launcher)
+        _check_calls(got["calls"])
         for policy, params in got["params"].items():
             for p, q in zip(params, reference[rank]["params"][policy], strict=True):
                 assert torch.equal(p, q), \
