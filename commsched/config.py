@@ -2,8 +2,8 @@
 
 Precedence: keyword arguments > ``COMMSCHED_*`` environment variables > the YAML file named by
 ``COMMSCHED_CONFIG`` > Horovod's own twin variable (``HOROVOD_FUSION_THRESHOLD``,
-``HOROVOD_CYCLE_TIME``) > the default. A bad value raises :class:`ConfigError` naming where it came
-from, the value, and what is allowed.
+``HOROVOD_CYCLE_TIME``, ``HOROVOD_TIMELINE``, ``HOROVOD_AUTOTUNE``) > the default. A bad value
+raises :class:`ConfigError` naming where it came from, the value, and what is allowed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import difflib
 import enum
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,9 @@ class Knob:
     choices: tuple[str, ...] = ()
     horovod_twin: str | None = None
     exclusive_minimum: bool = False
+    # What the twin's value means as this knob's, where Horovod's variable says it another way
+    # (HOROVOD_AUTOTUNE=1 is policy auto); None: the value as it is. A None result: unset.
+    twin_meaning: Callable[[str], Any] | None = None
 
     @property
     def env(self) -> str:
@@ -115,15 +118,30 @@ class Knob:
         return _fmt(value)
 
 
+def _autotune_policy(raw: str) -> str | None:
+    """HOROVOD_AUTOTUNE as a policy: on is `auto` (commsched's own tuning), off leaves it unset.
+
+    Raises:
+        ValueError: the value is no flag (load_config names the variable and what is allowed).
+    """
+    text = raw.strip().lower()
+    if text not in _FLAGS:
+        raise ValueError("not a boolean")
+    return Policy.AUTO.value if _FLAGS[text] else None
+
+
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
 MiB = 1 << 20
+HOROVOD_FUSION_BYTES = 128 * MiB  # Horovod's HOROVOD_FUSION_THRESHOLD default
+DEAR_BUFFER_BYTES = 4 * MiB
 COMPRESSION_CHOICES = ("none", "fp16", "bf16", "powersgd", "topk")
 KNOBS: tuple[Knob, ...] = (
-    Knob("policy", Kind.CHOICE, Policy.HOROVOD.value, "Scheduling policy.",
-         choices=tuple(p.value for p in Policy)),
+    Knob("policy", Kind.CHOICE, Policy.HOROVOD.value, "Scheduling policy; HOROVOD_AUTOTUNE=1 "
+         "stands for `auto`.", choices=tuple(p.value for p in Policy),
+         horovod_twin="HOROVOD_AUTOTUNE", twin_meaning=_autotune_policy),
     Knob("timeout", Kind.SECONDS, 300.0, "Limit of every wait (collectives, bootstrap, flush); "
          "its error names the blocks and tensors that were not ready.", minimum=0,
          exclusive_minimum=True, maximum=7 * 24 * 3600),
@@ -135,9 +153,9 @@ KNOBS: tuple[Knob, ...] = (
          "gradients ready on some ranks and missing on them, or the phase they are stuck in) once "
          "a rank has waited this long (0: never); unset: a fifth of `timeout`, so that the "
          "warning comes before the timeout's error.", minimum=0, maximum=7 * 24 * 3600),
-    Knob("fusion_threshold", Kind.BYTES, 128 * MiB, "`horovod`, `mgwfbp`: most bytes fused "
+    Knob("fusion_threshold", Kind.BYTES, None, "`horovod`, `mgwfbp`: most bytes fused "
          "into one collective (0 disables fusion); `dear`: most bytes of one reduce-scatter "
-         "buffer.",
+         "buffer. Unset: 128MiB for `horovod` and `mgwfbp` (Horovod's), 4MiB for `dear`.",
          minimum=0, maximum=1 << 40, horovod_twin="HOROVOD_FUSION_THRESHOLD"),
     Knob("cycle_time", Kind.MILLISECONDS, 1.0, "`horovod` policy: tensors that become ready within "
          "one cycle are fused together.", minimum=0, maximum=60_000,
@@ -171,7 +189,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("profile", Kind.PATH, "", "Write the profile (ready times, module forward times, fitted "
          "alpha/beta per collective) as JSON to this path (rank 0)."),
     Knob("timeline", Kind.PATH, "", "Chrome-trace JSON per rank (`{rank}` in the path is replaced, "
-         "else `.rank<N>` is inserted before the extension)."),
+         "else `.rank<N>` is inserted before the extension).", horovod_twin="HOROVOD_TIMELINE"),
     Knob("compression", Kind.CHOICE, "none", "Gradient compression when "
          "DistributedOptimizer's `compression=` is not given: a cast on the wire (`fp16`, `bf16`) "
          "or a lossy compressor with error feedback (`powersgd`, `topk`; docs/compression.md).",
@@ -214,7 +232,7 @@ class Config:
     policy: Policy
     timeout: float
     stall_warning: float
-    fusion_threshold: int
+    fusion_threshold: int | None  # None: the policy's own (fusion_bytes)
     cycle_time: float
     bucket_bytes: int
     first_bucket_bytes: int
@@ -237,6 +255,16 @@ class Config:
     refine_steps: int = 10
     backend: str = "auto"
     uneven_inputs: bool = False
+
+    def fusion_bytes(self, policy: Policy) -> int:
+        """`policy`'s fusion threshold: the knob's value, or the policy's own where it is unset.
+
+        Horovod's 128 MiB; DeAR's buffers of 4 MiB, whose all-gathers overlap the next forward
+        pass layer by layer rather than in one collective.
+        """
+        if self.fusion_threshold is not None:
+            return self.fusion_threshold
+        return DEAR_BUFFER_BYTES if policy is Policy.DEAR else HOROVOD_FUSION_BYTES
 
     def as_dict(self) -> dict[str, Any]:
         """The knobs as plain values by key (the policy as its name), for logs and checks."""
@@ -396,7 +424,8 @@ def load_config(overrides: Mapping[str, Any] | None = None,
 
     The precedence: `overrides` (keyword arguments), then ``COMMSCHED_*`` environment
     variables, then the YAML file named by COMMSCHED_CONFIG, then Horovod's twin variables
-    (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME), then the default. An empty variable and a
+    (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, HOROVOD_TIMELINE, and HOROVOD_AUTOTUNE=1 for
+    policy ``auto``), then the default. An empty variable and a
     None value count as unset. DistributedOptimizer calls it with its keyword arguments; call it
     yourself to see what a job will run with (``python -m commsched info`` prints the same with
     each value's source).
@@ -471,8 +500,16 @@ def _pick(knob: Knob, overrides: Mapping[str, Any], env: Mapping[str, str],
     if knob.key in from_yaml:
         return from_yaml[knob.key], Source.YAML, f"YAML key {knob.key!r} in {yaml_path}"
     if knob.horovod_twin and env.get(knob.horovod_twin, "") != "":
-        return (env[knob.horovod_twin], Source.HOROVOD_TWIN,
-                f"environment variable {knob.horovod_twin}")
+        raw: Any = env[knob.horovod_twin]
+        where = f"environment variable {knob.horovod_twin}"
+        if knob.twin_meaning is not None:
+            try:
+                raw = knob.twin_meaning(raw)
+            except ValueError:
+                raise ConfigError(f"{where}={raw!r} is invalid: expected {Kind.FLAG.value}"
+                                  ) from None
+        if raw is not None:
+            return raw, Source.HOROVOD_TWIN, where
     return knob.default, Source.DEFAULT, f"default of {knob.key}"
 
 

@@ -1,5 +1,4 @@
-"""Uneven inputs: ``commsched.join()`` (Horovod's ``hvd.join()``) and ``commsched.Join``
-(DDP's ``Join`` context manager).
+"""Uneven inputs: ``join()`` (Horovod's ``hvd.join()``) and ``Join`` (DDP's context manager).
 
 A rank that runs out of batches before the others joins: it answers their iterations'
 collectives with zeros until every rank has joined (Note [Answering the others' collectives] in
@@ -36,8 +35,11 @@ def _wrapped(optimizer: Any) -> _DistributedOptimizer:
 
 
 def _answer_one_iteration(optimizer: _DistributedOptimizer) -> None:
-    """An iteration with no gradient, through the calls of a peer's (Note [Answering the others'
-    collectives]): every block goes with zeros, the optimizer steps on the average."""
+    """An iteration with no gradient, through the calls of a peer's.
+
+    Every block goes with zeros, the optimizer steps on the average (Note [Answering the
+    others' collectives]).
+    """
     session: Session = optimizer.session
     optimizer.zero_grad(set_to_none=True)
     session.first_gradient()
@@ -127,6 +129,7 @@ class Join:
 
     def __init__(self, optimizer: Any, model: torch.nn.Module | None = None,
                  enable: bool = True) -> None:
+        """Makes the block for `optimizer` (the class's text says how it works)."""
         self._optimizer = _wrapped(optimizer)
         self._model = model
         self._enable = enable
@@ -134,6 +137,7 @@ class Join:
         self.last_joined: int | None = None  # join()'s result, once the block has ended
 
     def __enter__(self) -> Join:
+        """Turns the vote on for the block, where the wrap does not vote already."""
         session = self._optimizer.session
         if self._enable and not session.vote.voting:
             self._before = session.vote
@@ -142,6 +146,7 @@ class Join:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
+        """Joins (where the block ended without an exception), then turns the vote off."""
         session = self._optimizer.session
         try:
             if kind is None and self._enable:

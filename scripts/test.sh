@@ -13,7 +13,8 @@ echo "== test: ruff" >&2
 "$ROOT/.venv/bin/ruff" check --select D commsched/__init__.py commsched/__main__.py \
   commsched/optimizer.py commsched/compression.py commsched/config.py commsched/info.py \
   commsched/ops.py commsched/world/bootstrap.py commsched/world/broadcast.py \
-  commsched/world/errors.py commsched/kfac/__init__.py commsched/kfac/preconditioner.py \
+  commsched/world/errors.py commsched/world/tensor_collectives.py commsched/join.py \
+  commsched/kfac/__init__.py commsched/kfac/preconditioner.py \
   commsched/lightning.py
 echo "== test: mypy" >&2
 "$PY" -m mypy commsched tests benchmarks/harness

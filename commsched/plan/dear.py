@@ -9,7 +9,7 @@ DeAR's own code reduces only fp32 and hard-codes SGD; here any dtype and the use
 
 from __future__ import annotations
 
-from ..config import Config
+from ..config import Config, Policy
 from .types import Block, Collective, Profile, Stage, TensorSpec
 from .units import ready_time, whole_pieces
 
@@ -29,7 +29,7 @@ def forward_buffers(specs: list[TensorSpec], threshold: int) -> list[list[Tensor
 
 
 def plan_dear(specs: list[TensorSpec], profile: Profile, cfg: Config) -> tuple[Block, ...]:
-    buffers = forward_buffers(specs, cfg.fusion_threshold)
+    buffers = forward_buffers(specs, cfg.fusion_bytes(Policy.DEAR))
     # Reduce-scatters in the order their buffers complete in backward (last layers first).
     backward_order = sorted(range(len(buffers)), key=lambda g: (
         max(ready_time(s, profile) for s in buffers[g]), -g))

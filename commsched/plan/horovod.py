@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import Config
+from ..config import Config, Policy
 from .types import Block, Profile, TensorSpec
 from .units import Unit, blocks_from_unit_lists, units_in_ready_order
 
@@ -45,5 +45,5 @@ def plan_horovod(specs: list[TensorSpec], profile: Profile, cfg: Config) -> tupl
         cycles.setdefault(_cycle_of(unit, cycle_seconds), []).append(unit)
     unit_lists: list[list[Unit]] = []
     for cycle in sorted(cycles):
-        unit_lists.extend(fuse_by_threshold(cycles[cycle], cfg.fusion_threshold))
+        unit_lists.extend(fuse_by_threshold(cycles[cycle], cfg.fusion_bytes(Policy.HOROVOD)))
     return blocks_from_unit_lists(unit_lists)

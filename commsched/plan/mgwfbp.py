@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Config
+from ..config import Config, Policy
 from .types import Block, NetModel, Profile, TensorSpec
 from .units import Unit, blocks_from_unit_lists, units_in_ready_order
 
@@ -73,4 +73,4 @@ def merge_groups(units: list[Unit], net: NetModel, limit: int) -> list[list[Unit
 def plan_mgwfbp(specs: list[TensorSpec], profile: Profile, net: NetModel,
                 cfg: Config) -> tuple[Block, ...]:
     return blocks_from_unit_lists(merge_groups(units_in_ready_order(specs, profile), net,
-                                               cfg.fusion_threshold))
+                                               cfg.fusion_bytes(Policy.MGWFBP)))

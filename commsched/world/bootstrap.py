@@ -246,8 +246,11 @@ def _group_world(launched: LaunchedAs, store: dist.Store, address: tuple[str, in
 
 def _world_from_group(rank: int, size: int, local_rank: int, launcher: Launcher, owns: bool,
                       timeout: float, layout: HostLayout | None = None, node: str = "") -> World:
-    """The world of the default group; `layout` where the launcher knows it, else the ranks
-    tell each other their host (`node`, the launcher's name for it, else the host name)."""
+    """The world of the default group, with its layout among the job's hosts.
+
+    `layout` where the launcher knows it; else the ranks tell each other their host (`node`,
+    the launcher's name for it, else the host name).
+    """
     group = dist.group.WORLD
     control = group if dist.get_backend(group) == "gloo" else dist.new_group(
         backend="gloo", timeout=datetime.timedelta(seconds=timeout))
@@ -270,7 +273,7 @@ def _attempt_namespace() -> str:
 
 
 def _torchrun_world(timeout: float) -> World:
-    # Note [The device before the group]
+    # See Note [The device before the group] (world/devices.py).
     backend = prepare_backend(int(os.environ.get("LOCAL_RANK", "0")))
     choose_gloo_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     delta = datetime.timedelta(seconds=timeout)

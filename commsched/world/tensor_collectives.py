@@ -1,11 +1,11 @@
-"""Horovod's collectives on your own tensors: allreduce, allgather, broadcast (metrics, loss
-averages, a seed), in every launcher's job.
+"""Horovod's collectives on your own tensors: allreduce, allgather, broadcast.
 
-They run on the world's own groups, which no engine uses (each engine has a group of its own),
-so they never pair with a gradient collective in flight. A CUDA tensor goes over the world's
-data group (NCCL under NCCL); a CPU tensor goes over its Gloo control group, so that a metric
-kept on the CPU can be averaged in an NCCL job too. Like Horovod's, they need nothing but a
-launcher: the first call initialises commsched.
+For metrics, loss averages or a seed, in every launcher's job. They run on the world's own
+groups, which no engine uses (each engine has a group of its own), so they never pair with a
+gradient collective in flight. A CUDA tensor goes over the world's data group (NCCL under
+NCCL); a CPU tensor goes over its Gloo control group, so that a metric kept on the CPU can be
+averaged in an NCCL job too. Like Horovod's, they need nothing but a launcher: the first call
+initialises commsched.
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ def _group(world: World, tensor: torch.Tensor) -> Any:
 
 
 def _run(world: World, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """One torch.distributed call; in an elastic job a failure is Horovod's error (which
-    ``hvd.elastic.run`` catches), and marks the world broken."""
+    """One torch.distributed call.
+
+    In an elastic job a failure is Horovod's error (which ``hvd.elastic.run`` catches), and
+    marks the world broken.
+    """
     try:
         call(*args, **kwargs)
     except RuntimeError as err:
@@ -129,11 +132,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: Any = None) -> torch.Tensor:
-    """Every rank's `tensor`, concatenated along the first dimension in rank order, as
-    ``hvd.allgather``.
+    """Every rank's `tensor`, concatenated along the first dimension, as ``hvd.allgather``.
 
-    The first dimension may differ between ranks (a rank's predictions of its own batch); the
-    others and the dtype must not.
+    Rank 0's rows come first. The first dimension may differ between ranks (a rank's
+    predictions of its own batch); the others and the dtype must not.
 
     Args:
         tensor: this rank's part; a 0-dimensional tensor counts as one row.

@@ -10,7 +10,9 @@ from commsched.config import KNOBS, ConfigError, Policy, load_config
 def test_defaults() -> None:
     cfg = load_config(environ={})
     assert cfg.policy is Policy.HOROVOD
-    assert cfg.fusion_threshold == 128 * 2**20 and cfg.cycle_time == 1.0
+    assert cfg.fusion_threshold is None and cfg.cycle_time == 1.0  # the policy's own
+    assert cfg.fusion_bytes(Policy.HOROVOD) == cfg.fusion_bytes(Policy.MGWFBP) == 128 * 2**20
+    assert cfg.fusion_bytes(Policy.DEAR) == 4 * 2**20
     assert cfg.bucket_bytes == 25 * 2**20 and cfg.first_bucket_bytes == 2**20
     assert cfg.profile_steps == 5 and cfg.timeout == 300.0 and cfg.alpha is None
 
@@ -130,3 +132,15 @@ def test_a_scripts_variable_is_not_an_unknown_knob() -> None:
     assert load_config(environ={"COMMSCHED_VENV": "/tmp/venv"}).policy.value == "horovod"
     with pytest.raises(ConfigError, match="unknown environment variable COMMSCHED_VENVV"):
         load_config(environ={"COMMSCHED_VENVV": "/tmp/venv"})
+
+
+def test_horovods_timeline_and_autotune_variables_are_honoured() -> None:
+    cfg = load_config(environ={"HOROVOD_TIMELINE": "/tmp/hvd.json", "HOROVOD_AUTOTUNE": "1"})
+    assert cfg.timeline == "/tmp/hvd.json" and cfg.policy is Policy.AUTO
+    assert load_config(environ={"HOROVOD_AUTOTUNE": "0"}).policy is Policy.HOROVOD
+    both = {"HOROVOD_AUTOTUNE": "1", "COMMSCHED_POLICY": "ddp", "COMMSCHED_TIMELINE": "/tmp/c"}
+    assert load_config(environ={**both, "HOROVOD_TIMELINE": "/tmp/h"}).policy is Policy.DDP
+    assert load_config(environ={**both, "HOROVOD_TIMELINE": "/tmp/h"}).timeline == "/tmp/c"
+    with pytest.raises(ConfigError, match=r"HOROVOD_AUTOTUNE='sometimes' is invalid: expected "
+                                          r"a boolean"):
+        load_config(environ={"HOROVOD_AUTOTUNE": "sometimes"})
