@@ -9,10 +9,11 @@ import torch
 import commsched
 
 
-def _wrapped(**knobs: object) -> commsched.optimizer._DistributedOptimizer:
+def _wrapped(uneven_inputs: bool = False) -> commsched.optimizer._DistributedOptimizer:
     model = torch.nn.Linear(3, 2)
     return commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                          named_parameters=model.named_parameters(), **knobs)
+                                          named_parameters=model.named_parameters(),
+                                          uneven_inputs=uneven_inputs)
 
 
 def test_join_without_the_knob_says_what_to_set() -> None:
