@@ -373,9 +373,28 @@ def parse_value(knob: Knob, value: Any, source: str) -> Any:
     return result
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+
+
+def preset_names() -> list[str]:
+    """The presets installed with commsched (one per policy), by the name COMMSCHED_CONFIG takes."""
+    return sorted(name[:-len(".yaml")] for name in os.listdir(PRESETS) if name.endswith(".yaml"))
+
+
+def _preset_path(value: str) -> str:
+    """COMMSCHED_CONFIG's file: a path, or the name of an installed preset (``dear``)."""
+    if os.path.sep not in value and not os.path.exists(value) and value in preset_names():
+        return os.path.join(PRESETS, f"{value}.yaml")
+    return value
+
+
+def _read_yaml(value: str) -> dict[str, Any]:
     import yaml
 
+    path = _preset_path(value)
+    if path == value and os.path.sep not in value and not os.path.exists(value):
+        raise ConfigError(_unknown(f"{CONFIG_ENV}={value!r}: no such file, and no preset of that "
+                                   "name", value, preset_names(), "presets"))
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
@@ -409,7 +428,7 @@ class KnobSource:
     """One knob's resolved value and where it came from.
 
     `where` is the phrase errors use ("environment variable COMMSCHED_POLICY", "YAML key
-    'policy' in configs/ddp.yaml", "default of policy").
+    'policy' in my.yaml", "default of policy").
     """
 
     key: str

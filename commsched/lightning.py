@@ -5,7 +5,8 @@ Lightning's DDP strategy does, except that the model is not wrapped in DDP: each
 wrapped in ``commsched.DistributedOptimizer`` instead, and its policy schedules the gradient
 traffic. Lightning's own collectives (logging with ``sync_dist``, the sampler, checkpoints,
 barriers) stay on torch.distributed's default group, which commsched shares. Lightning is an
-optional extra: ``pip install commsched[lightning]``.
+optional extra: ``pip install --no-build-isolation '.[lightning]'`` in commsched's checkout, or
+``pip install 'lightning>=2.2'``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ try:
 except ImportError as _err:  # an optional extra: say how to get it
     raise ImportError(
         "commsched.lightning needs Lightning 2.x (the `lightning` package), which is not "
-        f"importable here ({_err}): pip install commsched[lightning]") from _err
+        f"importable here ({_err}): pip install 'lightning>=2.2' (or, in commsched's checkout, "
+        "pip install --no-build-isolation '.[lightning]')") from _err
 
 __all__ = ["CommschedStrategy"]
 

@@ -16,7 +16,8 @@ try:
     import transformers
 except ImportError as err:  # an extra, as Horovod's examples need torchvision
     raise SystemExit("this example builds its model with `transformers`: "
-                     "pip install 'commsched[examples]'") from err
+                     "pip install 'transformers>=4.40' (or, in commsched's checkout, "
+                     "pip install --no-build-isolation '.[examples]')") from err
 
 
 def size_options(description: str) -> argparse.ArgumentParser:

@@ -65,7 +65,8 @@ def _language_model(name: RealModel) -> nn.Module:
         import transformers
     except ImportError as err:
         raise ImportError(f"the {name.value} model is built by `transformers`: "
-                          "pip install 'commsched[examples]'") from err
+                          "pip install 'transformers>=4.40' (or, in commsched's "
+                          "checkout, pip install --no-build-isolation '.[examples]')") from err
     if name is RealModel.BERT:
         return transformers.BertForMaskedLM(transformers.BertConfig())
     return transformers.GPT2LMHeadModel(transformers.GPT2Config())

@@ -53,7 +53,8 @@ HOROVOD_INSTALL = ("install it with scripts/install_horovod.sh (in commsched's s
 class HorovodMissingError(ImportError):
     """Horovod is needed (a horovodrun job, a Horovod benchmark candidate) but cannot be imported.
 
-    Either it is not installed (it is the optional extra ``commsched[horovod]``), or it was
+    Either it is not installed (it is the optional extra ``horovod``: scripts/install_horovod.sh,
+    then ``pip install --no-build-isolation '.[horovod]'``), or it was
     built against another torch.
     """
 

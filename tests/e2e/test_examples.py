@@ -63,7 +63,7 @@ def test_resnet50_checkpoints_under_torchrun_and_resumes_under_horovodrun(tmp_pa
 ])
 def test_transformer_example_trains_on_two_ranks(tmp_path, script: str, launcher: str,
                                                  extra: tuple[str, ...]) -> None:
-    pytest.importorskip("transformers", reason="setup.sh installs commsched[examples]")
+    pytest.importorskip("transformers", reason="setup.sh installs the examples extra")
     summary = str(tmp_path / "summary{rank}.json")
     launch = torchrun if launcher == "torchrun" else horovodrun
     launch(2, os.path.join(EXAMPLES, script), *COMMON, *TINY_TRANSFORMER, *extra, "--steps", "4",

@@ -11,7 +11,7 @@ import sys
 import pytest
 from launch import REPO, torchrun
 
-pytest.importorskip("lightning", reason="commsched[lightning] is not installed")
+pytest.importorskip("lightning", reason="the lightning extra is not installed")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = ("horovod", "dear", "dear/net", "bytescheduler/net")  # lightning_job.RUNS
@@ -51,7 +51,7 @@ sys.modules["lightning"] = None  # as if the extra were not installed
 try:
     import commsched.lightning
 except ImportError as err:
-    assert "pip install commsched[lightning]" in str(err), err
+    assert "pip install 'lightning>=2.2'" in str(err) and ".[lightning]" in str(err), err
 else:
     raise AssertionError("commsched.lightning imported without lightning")
 """

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from commsched.config import KNOBS, ConfigError, Policy, load_config
+from commsched.config import KNOBS, ConfigError, Policy, load_config, preset_names
 
 
 def test_defaults() -> None:
@@ -83,10 +83,17 @@ def test_yaml_errors(tmp_path) -> None:
         load_config(environ={"COMMSCHED_CONFIG": str(not_mapping)})
 
 
-def test_presets_load(repo_root) -> None:
+def test_presets_load_by_name_and_by_path(repo_root) -> None:
+    """The presets are package data (setup.cfg), so an installed commsched has them too."""
+    assert preset_names() == sorted(p.value for p in Policy)
     for policy in Policy:
-        path = repo_root / "configs" / f"{policy.value}.yaml"
+        path = repo_root / "commsched" / "presets" / f"{policy.value}.yaml"
         assert load_config(environ={"COMMSCHED_CONFIG": str(path)}).policy is policy
+        assert load_config(environ={"COMMSCHED_CONFIG": policy.value}).policy is policy
+    assert load_config(environ={"COMMSCHED_CONFIG": "dear"}).fusion_threshold == 4 << 20
+    with pytest.raises(ConfigError, match=r"COMMSCHED_CONFIG='daer': no such file, and no preset "
+                                          r"of that name \(did you mean 'dear'\?\)"):
+        load_config(environ={"COMMSCHED_CONFIG": "daer"})
 
 
 def test_readme_documents_every_knob(repo_root) -> None:

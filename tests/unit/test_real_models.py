@@ -46,7 +46,7 @@ def test_vision_layout_is_torchvisions(name: str) -> None:
 @pytest.mark.parametrize("name", list(RealModel))
 def test_real_model_has_its_full_size_and_trains_on_reduced_inputs(name: RealModel) -> None:
     if name in (RealModel.BERT, RealModel.GPT2):
-        pytest.importorskip("transformers", reason="setup.sh installs commsched[examples]")
+        pytest.importorskip("transformers", reason="setup.sh installs the examples extra")
     model = models.build(models.model_name(name.value))
     params = [p for p in model.parameters() if p.requires_grad]
     assert sum(p.numel() for p in params) == PARAMETERS[name]
