@@ -130,6 +130,15 @@ def _autotune_policy(raw: str) -> str | None:
     return Policy.AUTO.value if _FLAGS[text] else None
 
 
+def _horovod_timeline(raw: str) -> str | None:
+    """HOROVOD_TIMELINE as the timeline's path, where it names a file.
+
+    Horovod's DYNAMIC (a timeline started later by ``hvd.start_timeline``) names none, and
+    leaves the knob unset.
+    """
+    return None if raw.strip().upper() == "DYNAMIC" else raw
+
+
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
@@ -189,7 +198,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("profile", Kind.PATH, "", "Write the profile (ready times, module forward times, fitted "
          "alpha/beta per collective) as JSON to this path (rank 0)."),
     Knob("timeline", Kind.PATH, "", "Chrome-trace JSON per rank (`{rank}` in the path is replaced, "
-         "else `.rank<N>` is inserted before the extension).", horovod_twin="HOROVOD_TIMELINE"),
+         "else `.rank<N>` is inserted before the extension).", horovod_twin="HOROVOD_TIMELINE",
+         twin_meaning=_horovod_timeline),
     Knob("compression", Kind.CHOICE, "none", "Gradient compression when "
          "DistributedOptimizer's `compression=` is not given: a cast on the wire (`fp16`, `bf16`) "
          "or a lossy compressor with error feedback (`powersgd`, `topk`; docs/compression.md).",

@@ -145,6 +145,7 @@ def test_horovods_timeline_and_autotune_variables_are_honoured() -> None:
     cfg = load_config(environ={"HOROVOD_TIMELINE": "/tmp/hvd.json", "HOROVOD_AUTOTUNE": "1"})
     assert cfg.timeline == "/tmp/hvd.json" and cfg.policy is Policy.AUTO
     assert load_config(environ={"HOROVOD_AUTOTUNE": "0"}).policy is Policy.HOROVOD
+    assert load_config(environ={"HOROVOD_TIMELINE": "DYNAMIC"}).timeline == ""  # hvd's API
     both = {"HOROVOD_AUTOTUNE": "1", "COMMSCHED_POLICY": "ddp", "COMMSCHED_TIMELINE": "/tmp/c"}
     assert load_config(environ={**both, "HOROVOD_TIMELINE": "/tmp/h"}).policy is Policy.DDP
     assert load_config(environ={**both, "HOROVOD_TIMELINE": "/tmp/h"}).timeline == "/tmp/c"
