@@ -66,7 +66,7 @@ class StepVote:
         self.cast_at = iteration
         world = self._world
         if world.size == 1:
-            return [] if self.joined else [0]
+            return [] if self.joined else [world.global_rank(0)]
         slots = torch.zeros(world.size, dtype=torch.int32)
         slots[world.rank] = 0 if self.joined else 1
         activity = registry.activity

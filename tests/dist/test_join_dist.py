@@ -139,3 +139,39 @@ def test_uneven_inputs_train_as_ddp_join(results: dict[int, dict[str, Any]], cas
         assert got["last"] == [1, 1], got["last"]  # rank 1 held more batches; then a tie
         # Every rank ran the longer rank's iterations: its own and the ones it answered.
         assert got["iteration"] == BATCHES[1] + AFTER, got["iteration"]
+
+
+def _without_join() -> dict[str, Any]:
+    """Uneven inputs without join(): rank 0 stops after 3 steps and ends; rank 1's 4th step must
+    fail within the timeout, naming rank 0, instead of hanging."""
+    import time
+
+    import commsched
+
+    commsched.init()
+    rank = commsched.rank()
+    net = Net()
+    opt = commsched.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.05), named_parameters=net.named_parameters(),
+        model=net, policy="horovod", profile_steps=0)
+    started = time.monotonic()
+    try:
+        for step in range(3 if rank == 0 else 6):
+            started = time.monotonic()
+            opt.zero_grad()
+            x, y = _batch(step, rank)
+            nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+    except commsched.RankFailureError as err:
+        return {"error": str(err), "step": step, "seconds": time.monotonic() - started}
+    return {"error": None}
+
+
+def test_uneven_inputs_without_join_fail_naming_the_rank_that_stopped() -> None:
+    results = distributed_test(_without_join, world_size=2, timeout=60,
+                               env={"COMMSCHED_TIMEOUT": "3"})
+    assert results[0]["error"] is None
+    got = results[1]
+    assert got["error"] is not None and got["step"] == 3, got
+    assert "rank 0" in got["error"], got["error"]
+    assert got["seconds"] < 3 + 10, got
