@@ -34,7 +34,8 @@ def refuse_data_parallel(model: torch.nn.Module | None, params: list[torch.Tenso
         return
     ids = {id(p) for p in params}
     for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel) and \
+        # type(), not isinstance(): isinstance() asks a dead weak proxy for its class and raises.
+        if issubclass(type(obj), DistributedDataParallel) and \
                 any(id(p) in ids for p in obj.module.parameters()):
             raise ValueError("commsched: the parameters given to DistributedOptimizer belong to "
                              "a module wrapped in torch's DistributedDataParallel, "
