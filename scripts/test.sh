@@ -7,7 +7,7 @@ cd "$ROOT"
 scripts/setup.sh
 PY="$ROOT/.venv/bin/python"
 echo "== test: ruff" >&2
-"$ROOT/.venv/bin/ruff" check commsched tests examples benchmarks/harness
+"$ROOT/.venv/bin/ruff" check commsched tests lint examples benchmarks/harness
 # Docstrings (Google convention, pyproject.toml) of the modules that hold the public API,
 # docs/api.md: ruff selects rules per run, not per file.
 "$ROOT/.venv/bin/ruff" check --select D commsched/__init__.py commsched/__main__.py \
@@ -17,9 +17,13 @@ echo "== test: ruff" >&2
   commsched/kfac/__init__.py commsched/kfac/preconditioner.py \
   commsched/lightning.py
 echo "== test: mypy" >&2
-"$PY" -m mypy commsched tests benchmarks/harness
+"$PY" -m mypy commsched tests lint benchmarks/harness
 # The examples import their shared module as a sibling script does (examples/common.py).
 MYPYPATH="$ROOT/examples" "$PY" -m mypy examples
+# The style checks (class size, Notes, commit subjects, figures in comments, the READMEs'
+# prose): a lint step, apart from the tests of what the code does.
+echo "== test: lint" >&2
+OMP_NUM_THREADS=1 "$PY" -m pytest lint -q -p no:cacheprovider
 echo "== test: pytest" >&2
 set +e
 OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"

@@ -22,9 +22,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = pathlib.Path(__file__).resolve()
-SCANNED_DIRS = ("commsched", "csrc", "scripts", "tests", "examples", "docs", "benchmarks/harness")
+SCANNED_DIRS = ("commsched", "csrc", "scripts", "tests", "lint", "examples", "docs",
+                "benchmarks/harness")
 TEXT_SUFFIXES = frozenset({".py", ".pyi", ".h", ".cpp", ".cu", ".cuh", ".sh", ".md", ".txt",
                            ".yaml", ".yml", ".toml"})
 # Files that may define a Note; a Markdown page only refers to them.

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The first commit made under the rule (issue 54's GradScaler recipes); older subjects predate it.
 FIRST_UNDER_THE_RULE = "a4d5073"
 MAX_SUBJECT = 72

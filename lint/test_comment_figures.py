@@ -26,7 +26,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "commsched"
 
 _NUMBER = r"(?<![\w.])\d+(?:[.,]\d+)*"

@@ -1,14 +1,18 @@
-"""No class under commsched/ is over 300 lines (issue 56, item 1: one owner per object's state).
-A class that grows past it holds more than one concern: move one into an object it holds, as
-Session holds its WorldBinding, Accumulation and ElasticGuard (docs/architecture.md)."""
+"""No class under commsched/ is over 400 lines: a guard against monsters, not a size to cut to.
+
+A class is split where a new object owns something (its own state, as Session holds its
+WorldBinding, Accumulation and ElasticGuard: docs/architecture.md), never to pass a line
+count (issue 75, item 5). At 300 lines the limit made six classes sit at 297-300 lines, cut to
+it rather than around an owner.
+"""
 
 from __future__ import annotations
 
 import ast
 import pathlib
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "commsched"
-MAX_LINES = 300
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "commsched"
+MAX_LINES = 400
 
 
 def _class_lengths() -> dict[str, int]:
@@ -22,7 +26,7 @@ def _class_lengths() -> dict[str, int]:
     return lengths
 
 
-def test_no_class_over_300_lines() -> None:
+def test_no_class_over_400_lines() -> None:
     lengths = _class_lengths()
     assert any(name.endswith(" Session") for name in lengths)  # the scan found the package
     too_long = {where: n for where, n in lengths.items() if n > MAX_LINES}
