@@ -199,7 +199,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 iteration (step() has not been called since): they are being averaged in place
                 in ``p.grad``, where the block would accumulate.
         """
-        with self.session.accumulation.no_sync(self.session.passthrough):
+        with self.session.accumulation.no_sync(self.session.steps_as_plain):
             yield
 
     def step(self, closure: Any = None) -> Any:
@@ -239,7 +239,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if "found_inf" in vars(self):  # GradScaler set it for this call
             return self._cs_protocol.scaled_step(self, self.session, closure)
         session, protocol = self.session, self._cs_protocol
-        if session.passthrough and protocol.reduces:
+        if session.steps_as_plain and protocol.reduces:
             # Note [A world of one steps as the plain optimizer]: what synchronize() and
             # update() would do there, without their calls.
             session.iteration += 1

@@ -110,9 +110,9 @@ class PlanLifecycle:
         self.auto: AutoState | None = AutoState() if config.policy is Policy.AUTO else None
         self.credit = config.credit_bytes  # kept for checkpoints: `auto` may choose another
         self.replan_at: int | None = None  # the iteration after which the policy's plan is built
-        # Whether a restored plan awaits the ranks' comparison at the next `settle`: callers
+        # Whether a restored plan awaits the ranks' comparison at the next `check_restored`: callers
         # test it before calling, so that a plain iteration spends no call on it.
-        self.unsettled = False
+        self.restore_unchecked = False
         self.sampling = SamplingSchedule(engine)
         # The profile document's collectives of the profiling steps, for the steady state's
         # re-plan (Note [Planning from the steady state]).
@@ -381,17 +381,17 @@ class PlanLifecycle:
 
     def restored(self, plan: Plan, replan_at: int | None, credit: int, compare: bool) -> None:
         """A checkpoint's plan, installed on this rank alone; with `compare`, the ranks compare
-        what they restored at the next `settle`."""
+        what they restored at the next `check_restored`."""
         self.install_local(plan)
         self.set_credit(credit)
         self.replan_at = replan_at
-        self.unsettled = self.unsettled or compare
+        self.restore_unchecked = self.restore_unchecked or compare
 
-    def settle(self, iteration: int) -> None:
+    def check_restored(self, iteration: int) -> None:
         """After load_state_dict() changed the plan or the position, every rank compares them
         before the first collective of the next iteration (see commsched.runtime.checkpoint)."""
-        if self.unsettled:
-            self.unsettled = False
+        if self.restore_unchecked:
+            self.restore_unchecked = False
             check_identical(self._world, "plans restored by load_state_dict() (policy, "
                             "fingerprint, iteration, re-plan iteration)",
                             [self.plan.policy, self.plan.fingerprint, iteration, self.replan_at])

@@ -76,8 +76,8 @@ class PassThrough:
         """At the end of an iteration's step(): removes the gradient hooks, and stands an
         overlap plan's runner down, where nothing is left to learn (Note [A world of one steps
         as the plain optimizer])."""
-        if not self.possible or passes != 1 or not lifecycle.sampling.sparse \
-                or lifecycle.unsettled or (runner is not None and runner.recording):
+        if not self.possible or passes != 1 or not lifecycle.sampling.rarely \
+                or lifecycle.restore_unchecked or (runner is not None and runner.recording):
             return
         if runner is not None and runner.active:
             runner.finish()  # the updates it holds, made now rather than in the next forward

@@ -80,7 +80,7 @@ class SamplingSchedule:
         return self._settled_at is not None
 
     @property
-    def sparse(self) -> bool:
+    def rarely(self) -> bool:
         """Whether the plan has settled and its closely sampled iterations are over: the profile
         describes it, and from here on it is sampled every SAMPLE_EVERY_LATER-th iteration."""
         return self._every == SAMPLE_EVERY_LATER

@@ -156,7 +156,7 @@ class Session:
     # -- a world of one passing through (passthrough.py) ---------------------------------------
 
     @property
-    def passthrough(self) -> bool:
+    def steps_as_plain(self) -> bool:
         """Whether step() is the plain optimizer's now."""
         return self.pass_through.active
 
@@ -193,8 +193,8 @@ class Session:
             self.elastic_guard.rebind_if_stale(self._bind)
         self.accumulation.intake.started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
-        if self.lifecycle.unsettled:
-            self.elastic_guard.run(self.lifecycle.settle, self.iteration)
+        if self.lifecycle.restore_unchecked:
+            self.elastic_guard.run(self.lifecycle.check_restored, self.iteration)
         runner = self.runner
         if runner is not None and runner.open:
             # No forward pass of `model` closed the previous iteration: do it now.
@@ -220,7 +220,7 @@ class Session:
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
-        if self.passthrough:  # Note [A world of one steps as the plain optimizer]
+        if self.steps_as_plain:  # Note [A world of one steps as the plain optimizer]
             self.iteration += 1
             return
         if self.binding.elastic:  # no gradient in this iteration here; the world may have changed
@@ -231,8 +231,8 @@ class Session:
 
     def _reduce(self, sharded: ShardedState | None = None) -> None:
         self.vote.cast(self.iteration)  # where no gradient came in this iteration
-        if self.lifecycle.unsettled:
-            self.lifecycle.settle(self.iteration)
+        if self.lifecycle.restore_unchecked:
+            self.lifecycle.check_restored(self.iteration)
         self._launch_rest()
         engine = self.engine
         if sharded is not None:  # the owners update; the all-gathers then carry parameters
@@ -279,8 +279,8 @@ class Session:
         _activity.now = ("step", time.monotonic(), self.iteration)
         self.vote.cast(self.iteration)  # where no gradient came in this iteration
         runner.finish()  # where no backward came since the last step(); else it holds nothing
-        if self.lifecycle.unsettled:
-            self.lifecycle.settle(self.iteration)
+        if self.lifecycle.restore_unchecked:
+            self.lifecycle.check_restored(self.iteration)
         self._launch_rest()
         sharded = self.lifecycle.sharded
         runner.gathers_parameters = sharded is not None and sharded.active
@@ -314,7 +314,7 @@ class Session:
         """Whether this step() updates slices: sharding, under a policy's plan (the profiling
         steps are not sharded). Moves the state to a new plan's slices first."""
         sharded = self.sharded
-        return sharded is not None and not self.passthrough and sharded.follow_plan()
+        return sharded is not None and not self.steps_as_plain and sharded.follow_plan()
 
     def step_sharded(self) -> None:
         """step() with shard_optimizer (runtime/sharded.py): each rank updates its slices
@@ -328,7 +328,7 @@ class Session:
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         """The user's optimizer step under a synchronous plan, timed (StepClock.time_update)."""
-        if self.passthrough:
+        if self.steps_as_plain:
             return step()
         runner = self.runner
         recording = closure is None and runner is not None and runner.recording
@@ -341,7 +341,7 @@ class Session:
         """The update after synchronize() that AMP's loss scaler skipped (an overflow): the
         iteration's traffic is over, no parameter or optimizer state changes, and the next
         forward pass begins as after any step."""
-        if self.passthrough:
+        if self.steps_as_plain:
             return
         self.clock.step_ended()
         _activity.now = ("forward", time.monotonic(), self.iteration)

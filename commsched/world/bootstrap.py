@@ -30,8 +30,8 @@ from ..config import load_config
 from . import groups, registry
 from .devices import prepare_backend
 from .errors import LauncherError, elastic, import_horovod
-from .interfaces import address_towards, choose_gloo_interface
 from .launchers import LaunchedAs, derived_port, read_launcher
+from .network_interfaces import address_towards, choose_gloo_interface
 from .view import HostLayout, Launcher, World, host_layout
 
 log = logging.getLogger("commsched")

@@ -47,7 +47,7 @@ def _train(wrap: bool, optimizer: str, recipe: str) -> tuple[list[torch.Tensor],
         scaler.update()
         scales.append(scaler.get_scale())
     if wrap:
-        assert opt.session.passthrough  # type: ignore[attr-defined]
+        assert opt.session.steps_as_plain  # type: ignore[attr-defined]
         opt.session.close()  # type: ignore[attr-defined]
     return [p.detach() for p in model.parameters()], scales
 

@@ -290,8 +290,8 @@ def test_a_candidate_with_its_engine_kept_never_steps_as_the_plain_optimizer() -
                      autocast=False)
         sessions: list[Session] = [c.optimizer.session for c in candidates[2:]]  # type: ignore[attr-defined]
         passing, engine = sessions
-        assert passing.passthrough and not passing.defers_updates
-        assert not engine.passthrough and engine.defers_updates
+        assert passing.steps_as_plain and not passing.defers_updates
+        assert not engine.steps_as_plain and engine.defers_updates
         assert engine.plan.policy == passing.plan.policy == "bytescheduler"
     finally:
         overhead._close(candidates)

@@ -46,7 +46,7 @@ def _steps(model: nn.Module, opt: Any, twin: nn.Module, plain: torch.optim.Optim
             for _ in range(passes):
                 m(_batch(step)).square().sum().backward()
             o.step()
-        if first is None and opt.session.passthrough:
+        if first is None and opt.session.steps_as_plain:
             first = step
     return first
 
@@ -63,7 +63,7 @@ def _reload_and_step(model: nn.Module, opt: Any, twin: nn.Module,
     opt.load_state_dict(opt.state_dict())
     plain.load_state_dict(plain.state_dict())
     runner = opt.session.runner
-    assert not opt.session.passthrough
+    assert not opt.session.steps_as_plain
     assert runner is None or (opt.session.defers_updates and runner._handles)
     model(_batch(0)).square().sum().backward()
     assert opt.session.accumulation.pending  # handed over by the hook again
@@ -149,7 +149,7 @@ def test_changing_the_passes_hooks_the_gradients_again() -> None:
     assert _steps(model, opt, twin, plain, range(STEPS)) is not None
     model(_batch(0)).square().sum().backward()  # before the change: left in p.grad
     opt.set_backward_passes_per_step(1)
-    assert not opt.session.passthrough
+    assert not opt.session.steps_as_plain
     twin(_batch(0)).square().sum().backward()
     opt.step()  # hands over what no hook did
     plain.step()
@@ -211,5 +211,5 @@ def test_nothing_the_user_sees_changes_where_it_would_matter(tmp_path: pathlib.P
                                                              case: str) -> None:
     commsched.init()
     opt = _never(tmp_path, case)
-    assert not opt.session.passthrough, case
+    assert not opt.session.steps_as_plain, case
     opt.session.close()
