@@ -10,7 +10,6 @@ initialises commsched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,7 +17,6 @@ import torch.distributed as dist
 
 from ..ops import ReduceOp, resolve_op
 from .bootstrap import init
-from .errors import elastic, without_backtrace
 from .process_sets import members_of, root_within, world_for
 from .view import World
 
@@ -34,20 +32,6 @@ def _world_of(process_set: Any, call: str) -> World:
 
 def _group(world: World, tensor: torch.Tensor) -> Any:
     return world.process_group if tensor.is_cuda else world.control_group
-
-
-def _run(world: World, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """One torch.distributed call.
-
-    In an elastic job a failure is Horovod's error (which ``hvd.elastic.run`` catches), and
-    marks the world broken.
-    """
-    try:
-        call(*args, **kwargs)
-    except RuntimeError as err:
-        if not elastic():
-            raise
-        raise world.fail(f"commsched: a collective failed: {without_backtrace(err)}") from None
 
 
 def _reduce_op(average: bool | None, op: Any) -> ReduceOp:
@@ -95,7 +79,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     if prescale_factor != 1.0:
         tensor.mul_(prescale_factor)
     if world.size > 1:
-        _run(world, dist.all_reduce, tensor, group=_group(world, tensor))
+        world.run("a collective", dist.all_reduce, tensor, group=_group(world, tensor))
     scale = postscale_factor / (world.size if reduce is ReduceOp.AVERAGE else 1)
     if scale != 1.0:
         tensor.mul_(scale)
@@ -162,7 +146,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     padded = part.new_zeros((rows, *part.shape[1:]))
     padded[:part.shape[0]] = part
     gathered = [torch.empty_like(padded) for _ in range(world.size)]
-    _run(world, dist.all_gather, gathered, padded.contiguous(), group=_group(world, part))
+    world.run("a collective", dist.all_gather, gathered, padded.contiguous(),
+              group=_group(world, part))
     return torch.cat([g[:shape[0]] for g, (shape, _) in zip(gathered, shapes, strict=True)])
 
 
@@ -204,7 +189,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                          f"world of {whole.size}")
     root_within(world, root_rank)
     if world.size > 1:
-        _run(world, dist.broadcast, tensor, src=root_rank, group=_group(world, tensor))
+        world.run("a collective", dist.broadcast, tensor, src=root_rank,
+                  group=_group(world, tensor))
     return tensor
 
 

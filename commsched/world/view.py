@@ -89,14 +89,19 @@ class World:
             self.parent.broken = True
         return failure_type()(text)
 
-    def _control(self, call: Any, *args: Any, **kwargs: Any) -> None:
+    def run(self, what: str, call: Any, *args: Any, group: Any, **kwargs: Any) -> None:
+        """One torch.distributed `call` on `group` of this world; in an elastic job a failure
+        is Horovod's error (failure_type), naming `what` failed, and marks the world broken."""
         try:
-            call(*args, group=self.control_group, **kwargs)
+            call(*args, group=group, **kwargs)
         except RuntimeError as err:
             if not elastic():
                 raise
-            raise self.fail(f"commsched: a control message failed: {without_backtrace(err)}"
+            raise self.fail(f"commsched: {what} failed: {without_backtrace(err)}"
                             ) from None  # its text holds err's, without the C++ frames
+
+    def _control(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        self.run("a control message", call, *args, group=self.control_group, **kwargs)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, over the control group (all ranks call it)."""
