@@ -59,7 +59,7 @@ def scaled_step(optimizer: torch.optim.Optimizer, session: Session, native_amp_s
     """
     attributes = vars(optimizer)
     if attributes["found_inf"].item():  # as DDP's GradScaler does: one sync per step
-        session.skip_update()
+        session.mode.skip_update()
         return None
     hidden: dict[str, Any] = {}
     if not native_amp_scaling:
@@ -69,6 +69,7 @@ def scaled_step(optimizer: torch.optim.Optimizer, session: Session, native_amp_s
                            grad_scale)
         hidden = {key: attributes.pop(key) for key in _SCALER_ATTRIBUTES}
     try:
-        return session.update(lambda: session.deferred.base_step(optimizer, closure), closure)
+        return session.mode.update(lambda: session.deferred.base_step(optimizer, closure),
+                                   closure)
     finally:
         attributes.update(hidden)  # the scaler deletes them after this call returns

@@ -211,7 +211,7 @@ class CommschedStrategy(DDPStrategy):
             raise NotImplementedError(
                 f"commsched.lightning: precision plugin {type(precision).__name__} has its own "
                 "optimizer_step; supported: Precision and MixedPrecision (32, 16, bf16)")
-        defer = optimizer.session.defers_updates and not module.trainer.gradient_clip_val
+        defer = optimizer.session.mode.defers_updates and not module.trainer.gradient_clip_val
         if not defer:
             optimizer.synchronize()
         precision._after_closure(module, optimizer)  # the hooks and clipping, as Precision

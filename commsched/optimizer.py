@@ -23,6 +23,7 @@ from .plan import Plan
 from .runtime import checkpoint
 from .runtime.auto import AutoState
 from .runtime.deferred import adopt_plain_attributes
+from .runtime.modes import ModeKind
 from .runtime.session import Session
 from .runtime.sharded import check_sharding_allowed, whole_state_dict
 from .runtime.wrap import WrapOptions
@@ -32,9 +33,6 @@ _SHARDED_SYNCHRONIZE = (
     "commsched: synchronize() is not possible with shard_optimizer=True: each rank holds the "
     "averaged gradient of its own slice only, and step() updates the slices as they arrive. "
     "Clipping by global norm, GradScaler's unscale_() and K-FAC need every gradient whole.")
-_SHARDED_STEP = (
-    "commsched: with shard_optimizer=True, step() updates each rank's slices from the "
-    "reduce-scatters and takes no closure and no skip_synchronize()")
 
 
 # Note [zero_grad after a deferred step]
@@ -199,7 +197,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 iteration (step() has not been called since): they are being averaged in place
                 in ``p.grad``, where the block would accumulate.
         """
-        with self.session.accumulation.no_sync(self.session.steps_as_plain):
+        with self.session.accumulation.no_sync(self.session.mode.kind is ModeKind.PLAIN):
             yield
 
     def step(self, closure: Any = None) -> Any:
@@ -238,28 +236,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         if "found_inf" in vars(self):  # GradScaler set it for this call
             return self._cs_protocol.scaled_step(self, self.session, closure)
-        session, protocol = self.session, self._cs_protocol
-        if session.steps_as_plain and protocol.reduces:
-            # Note [A world of one steps as the plain optimizer]: what synchronize() and
-            # update() would do there, without their calls.
-            session.iteration += 1
-            return session.deferred.base_step(self, closure)
+        session = self.session
         if session.binding.elastic and session.elastic_guard.state_step:  # Horovod's state sync
             return super().step(closure)
-        # Note [The sharded state follows the plan]; the knob first, so that other runs make
-        # no call more per step.
-        if session.config.shard_optimizer and session.sharded_now():
-            if not protocol.reduces or closure is not None:
-                raise RuntimeError(_SHARDED_STEP)
-            return session.step_sharded()
-        if protocol.reduces and session.defers_updates:
-            if closure is not None:
-                raise ValueError(f"commsched: policy '{session.config.policy.value}' defers the "
-                                 "update to the next forward pass and cannot run a closure")
-            session.step_deferred()
-            return None
-        protocol.before_update(self._cs_synchronize)
-        return session.update(lambda: session.deferred.base_step(self, closure), closure)
+        return session.mode.step(self, self._cs_protocol, self._cs_synchronize, closure)
 
     def _cs_local_step(self) -> Any:
         # Note [local step] in commsched.world.broadcast

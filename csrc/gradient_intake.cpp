@@ -98,7 +98,7 @@ void clear_grads(std::vector<at::Tensor> params) {
 // still takes the GIL and walks the now empty dict after every accumulation (about 1 us a
 // parameter here); setting the Python attribute to None does not remove it either. A world of
 // one stepping as the plain optimizer (Note [A world of one steps as the plain optimizer] in
-// commsched/runtime/passthrough.py) removes it here, after Python set the attribute to None so
+// commsched/runtime/modes/plain.py) removes it here, after Python set the attribute to None so
 // that a later registration installs a fresh one.
 void drop_post_accumulate_grad_hooks(const std::vector<at::Tensor>& params) {
   for (const auto& param : params) torch::autograd::impl::post_acc_grad_hooks(param).reset();

@@ -22,7 +22,7 @@ INSTANCES="${INSTANCES:-4}"
 ROUNDS="${ROUNDS:-10}"
 # 110 warm-up steps: a world of one steps as the plain optimizer from about iteration 80 (every
 # policy) or 100 (`auto`) on (Note [A world of one steps as the plain optimizer] in
-# commsched/runtime/passthrough.py), so every timed round measures what a user gets from then on.
+# commsched/runtime/modes/plain.py), so every timed round measures what a user gets from then on.
 WARMUP="${WARMUP:-110}"
 export OVERHEAD_COMMAND="scripts/bench_overhead.sh"
 .venv/bin/python -m benchmarks.harness.overhead --device cpu --instances "$INSTANCES" --rounds "$ROUNDS" \

@@ -49,7 +49,7 @@ def _train(policy: str, compiled: bool, steps: int, timed: int,
         opt.step()
         times.append(time.perf_counter() - started)
     opt.flush()
-    runner = opt.session.runner
+    runner = opt.session.modes.runner
     active = runner is not None and runner.active
     out: dict[str, Any] = {
         "median_ms": 1000 * statistics.median(times[-timed:]),

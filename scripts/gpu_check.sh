@@ -22,7 +22,7 @@
 # benchmarks/harness/overhead.py): on the H100 two identical plain optimizers settled 1.5-3% apart.
 # $GPU_CHECK_WARMUP (say, 110) sets the warm-up steps of each build: a world of one steps as the
 # plain optimizer from about iteration 80 (every policy) or 100 (`auto`) on (Note [A world of one
-# steps as the plain optimizer] in commsched/runtime/passthrough.py), and the benchmark's default
+# steps as the plain optimizer] in commsched/runtime/modes/plain.py), and the benchmark's default
 # warm-up is 30. A candidate "<policy> (engine kept)" never does, and measures the runtime's own
 # cost per step (Note [The engine kept] in benchmarks/harness/overhead_report.py).
 set -euo pipefail

@@ -125,7 +125,7 @@ def one_group_per_module(opt: Any) -> list[str]:
     pre-hooks inside the model (compiled frames, checkpointed blocks)."""
     import dataclasses
 
-    runner = opt.session.runner
+    runner = opt.session.modes.runner
     if runner is None or not runner.active:
         return []
     opt.flush()

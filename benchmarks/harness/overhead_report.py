@@ -15,7 +15,7 @@ POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "aut
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
 # Note [The engine kept]
 # A world of one steps as the plain optimizer once its plan settled (Note [A world of one steps
-# as the plain optimizer] in runtime/passthrough.py): what a policy's row measures there is
+# as the plain optimizer] in runtime/modes/plain.py): what a policy's row measures there is
 # what a user of one process pays. What the runtime costs where it runs, beside peers, is no
 # longer in that row; a candidate named "<policy> (engine kept)" never passes through, so its
 # row keeps measuring the hooks, the engine's wait and the overlap runner per step (the
@@ -112,7 +112,7 @@ def auto_against_fastest(model: str, rows: list[dict[str, Any]], key: str, clock
 
 # Note [What no commsched code reads against the fastest policy]
 # Past its warm-up every policy in a world of one, `auto` included, steps as the plain
-# optimizer (Note [A world of one steps as the plain optimizer] in runtime/passthrough.py), so
+# optimizer (Note [A world of one steps as the plain optimizer] in runtime/modes/plain.py), so
 # the policies differ only by where each copy of the model landed in memory, and "the fastest
 # policy" is the luckiest of six such copies: a minimum, biased low. The control, a second
 # plain optimizer, runs no commsched code at all; held to the same figure (its best over the

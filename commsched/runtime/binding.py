@@ -22,6 +22,7 @@ from .compressed import CompressedGradients
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
 from .lifecycle import PlanLifecycle, Scaling
+from .modes import StepModes
 from .overlap import OverlapRunner
 from .overlap_support import ModuleProfile, check_overlap_allowed, overlap_possible
 from .release import Resources
@@ -47,12 +48,13 @@ class WorldBinding:
     def __init__(self, config: Config, options: WrapOptions, elastic: bool,
                  specs: list[TensorSpec], params: list[torch.Tensor],
                  routed: list[tuple[str, torch.Tensor]], deferred: DeferredUpdates,
-                 base_cls: type[torch.optim.Optimizer], resources: Resources) -> None:
+                 base_cls: type[torch.optim.Optimizer], resources: Resources,
+                 modes: StepModes) -> None:
         self.config, self.options, self.elastic = config, options, elastic
         self.specs, self.params, self.routed = specs, params, routed
         self.deferred, self.base_cls, self.resources = deferred, base_cls, resources
+        self.modes = modes  # the session's: each bind hands it this world's overlap runner
         self.bound = False  # whether world, engine and plan exist
-        self.runner: OverlapRunner | None = None
         # The forward order and module times the last runner recorded: an elastic job's runner,
         # made again at the first gradient of a re-formed world's iteration, after the forward.
         self.recorded: ModuleProfile | None = None
@@ -90,14 +92,15 @@ class WorldBinding:
                                    iteration=iteration)
         # Released with the session from here on, also if the runner is refused just below.
         self.resources.engine, self.resources.sparse = self.engine, self.sparse
-        self.runner = self.resources.runner = self._make_runner()
+        runner = self.resources.runner = self._make_runner()
+        self.modes.bind(runner)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / world.size if options.op is ReduceOp.AVERAGE else 1.0
         self.lossy_scale = postscale / options.predivide
-        if self.runner is not None:
-            self.runner.compressed = self.compressed
-            self.runner.decompress_scale = self.lossy_scale
-        self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.runner,
+        if runner is not None:
+            runner.compressed = self.compressed
+            runner.decompress_scale = self.lossy_scale
+        self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.modes,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
         if config.shard_optimizer and world.size > 1:
@@ -158,10 +161,10 @@ class WorldBinding:
         [Elastic Horovod and deferred updates] in elastic.py)."""
         if self.bound:
             self.engine.shutdown()
-        if self.runner is not None:
-            self.runner.remove()
-            self.recorded = self.runner.modules
-            self.runner = self.resources.runner = None
+        runner = self.modes.unbind()
+        if runner is not None:
+            self.recorded = runner.modules
+            self.resources.runner = None
         self.bound = False
 
 

@@ -46,15 +46,13 @@ def capture(session: Session) -> dict[str, Any] | None:
     an elastic job's first step (no plan yet: Horovod's TorchState saves the state at wrap)."""
     if not session.bound:
         return None
-    runner, lifecycle = session.runner, session.lifecycle
+    lifecycle = session.lifecycle
     entry: dict[str, Any] = {
         "version": VERSION, "policy": session.config.policy.value,
         "tensors": tensor_signature(session.specs), "plan": plan_to_dict(session.plan),
         "iteration": session.iteration, "replan_at": lifecycle.replan_at,
         "credit_bytes": lifecycle.credit,
-        "runner": None if runner is None else {"active": session.overlap_plan_runs,
-                                               "recording": runner.recording,
-                                               "order": list(runner.modules.order)},
+        "runner": session.modes.state_dict(),
         "auto": None,
         "compression": None if session.compressed is None else session.compressed.state()}
     if lifecycle.auto is not None:
@@ -131,9 +129,9 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
         # compressing or not as the saved run was at its iteration
         session.compressed.restored_at(session.iteration, lifecycle)
     saved_runner = entry["runner"]
-    if session.runner is not None and saved_runner is not None:
-        session.runner.restore(list(saved_runner["order"]), bool(saved_runner["active"]),
-                               bool(saved_runner["recording"]), plan)
+    if saved_runner is not None:
+        session.modes.restore(list(saved_runner["order"]), bool(saved_runner["active"]),
+                              bool(saved_runner["recording"]), plan)
     if lifecycle.auto is not None and entry["auto"] is not None:
         lifecycle.auto = dataclasses.replace(AutoState(), **entry["auto"])
 

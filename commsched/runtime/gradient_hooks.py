@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .accumulation import Accumulation
     from .compressed import CompressedGradients
     from .engine import EngineHandle
-    from .overlap import OverlapRunner
+    from .modes import StepModes
     from .sparse import SparseExchange
 
 
@@ -28,13 +28,12 @@ class _Session(Protocol):
 
     accumulation: Accumulation
     params: list[torch.Tensor]
+    modes: StepModes
 
     @property
     def engine(self) -> EngineHandle: ...
     @property
     def compressed(self) -> CompressedGradients | None: ...
-    @property
-    def runner(self) -> OverlapRunner | None: ...
     @property
     def sparse(self) -> SparseExchange: ...
     def first_gradient(self) -> None: ...
@@ -121,7 +120,7 @@ class GradientHooks:
             if grad is None:
                 return
             if grad.is_sparse:
-                self.densify(tensor_id, param, session.runner is None)
+                self.densify(tensor_id, param, session.modes.runner is None)
             if intake.take_pass(tensor_id) != 1:
                 return
             compressed = session.compressed

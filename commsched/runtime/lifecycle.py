@@ -47,7 +47,7 @@ from ..world import World, check_identical
 from .auto import AutoState, Verdict
 from .compressed import CompressedGradients
 from .engine import EngineHandle
-from .overlap import OverlapRunner
+from .modes import StepModes
 from .profiler import profile_document
 from .sampling import SamplingSchedule
 from .sharded import ShardedState
@@ -100,12 +100,14 @@ class Scaling:
 
 class PlanLifecycle:
     def __init__(self, world: World, config: Config, specs: list[TensorSpec],
-                 engine: EngineHandle, runner: OverlapRunner | None, scaling: Scaling) -> None:
+                 engine: EngineHandle, modes: StepModes, scaling: Scaling) -> None:
         self._world = world
         self._config = config
         self._specs = specs
         self._engine = engine
-        self._runner = runner
+        # The session's step modes: each install tells them whether the plan overlaps or
+        # shards (Note [A step mode is an object] in modes/base.py).
+        self._modes = modes
         self._scaling = scaling
         self.auto: AutoState | None = AutoState() if config.policy is Policy.AUTO else None
         self.credit = config.credit_bytes  # kept for checkpoints: `auto` may choose another
@@ -141,8 +143,8 @@ class PlanLifecycle:
         self.replan_at = None if replan_after is None else iteration + replan_after
         self.install(first)
         self.set_credit(credit)
-        if self.replan_at is None and self._runner is not None:
-            self._runner.activate(first)
+        if self.replan_at is None:
+            self._modes.follow(first, overlaps=self._config.policy.overlaps_iterations)
 
     def _first_plan(self) -> tuple[int | None, Plan, int]:
         """How many iterations the first plan runs before the policy's plan (None: for good),
@@ -231,7 +233,7 @@ class PlanLifecycle:
             self._replan_auto()
             return
         cfg, profiler = self._config, self._engine.profiler
-        overlap = self._runner is not None and cfg.policy.overlaps_iterations
+        overlap = self._modes.runner is not None and cfg.policy.overlaps_iterations
         profiling = is_profiling_plan(self.plan)
         (profile, net, document), world = gather_critical(
             self._world, (profiler.profile(), profiler.net_model(cfg.alpha, cfg.beta),
@@ -257,8 +259,7 @@ class PlanLifecycle:
                  plan.fingerprint, len(plan.blocks), len(plan.update_groups), net.alpha, net.beta)
         self.install(plan)
         self.set_credit(cfg.credit_bytes)
-        if self._runner is not None:
-            self._runner.activate(plan)
+        self._modes.follow(plan, overlaps=cfg.policy.overlaps_iterations)
 
     def _replan_auto(self) -> None:
         """Simulates every valid plan on the world's profile and installs the fastest."""
@@ -271,7 +272,7 @@ class PlanLifecycle:
         # and only delay its passing through (Note [A world of one steps as the plain optimizer]).
         lone = self._world.size == 1
         cfg = dataclasses.replace(self._config, auto_trials=0) if lone else self._config
-        self.auto.choose(document, cfg, self._runner is not None and not lone,
+        self.auto.choose(document, cfg, self._modes.runner is not None and not lone,
                          _run_of(document, self.compressor)[1],
                          1 if self.sharded is None else self._world.size)
         self.write_profile(document)
@@ -327,10 +328,7 @@ class PlanLifecycle:
         chosen = self.auto.chosen
         self.install(chosen.plan)
         self.set_credit(int(chosen.knobs.get("credit_bytes", self._config.credit_bytes)))
-        if self._runner is not None and chosen.policy.overlaps_iterations:
-            self._runner.activate(chosen.plan)
-        elif self._runner is not None:
-            self._runner.deactivate()
+        self._modes.follow(chosen.plan, overlaps=chosen.policy.overlaps_iterations)
 
     # -- profile ------------------------------------------------------------------------------
 
@@ -343,7 +341,7 @@ class PlanLifecycle:
 
     def profile_document(self) -> dict:
         """This rank's profile as the JSON document of docs/profile.md."""
-        runner, sharded = self._runner, self.sharded
+        runner, sharded = self._modes.runner, self.sharded
         modules = runner.modules if runner else None
         return profile_document(self._specs, self._engine.profiler, self._world.size,
                                 modules.order if modules else [], modules.times if modules else {},
@@ -359,8 +357,7 @@ class PlanLifecycle:
 
     def finish_updates(self) -> None:
         """Applies the updates an overlap plan defers, before the plan or the wire changes."""
-        if self._runner is not None and self._runner.open:
-            self._runner.finish()
+        self._modes.current.finish()
 
     def install(self, plan: Plan) -> None:
         self.finish_updates()
@@ -374,6 +371,7 @@ class PlanLifecycle:
                              sharded_plan(plan) if shard else None)
         if sharded is not None:
             sharded.install(plan if shard else None)
+            self._modes.shard(shard)
 
     def set_credit(self, nbytes: int) -> None:
         self.credit = nbytes

@@ -1,4 +1,4 @@
-"""One wrapped optimizer's run: its engine, its plan over time, the overlap runner, the sparse
+"""One wrapped optimizer's run: its engine, its plan over time, its step mode, the sparse
 route and the timing the profiler needs, with one iteration counter.
 
 What happens to one gradient (read top to bottom):
@@ -7,19 +7,18 @@ What happens to one gradient (read top to bottom):
                counts the passes: after the last of backward_passes_per_step, the gradient goes
                to the engine, which reduces it in place in ``p.grad`` when its block's turn
                comes (csrc/engine.h); what the intake leaves to Python is GradientHooks.slow_path's
-    step():    synchronous plans: `synchronize` launches what was not produced (as zeros),
-               waits for every block, and the user's optimizer steps as usual;
-               overlap plans: `step_deferred` launches the rest and returns; the runner takes
-               the gradients out of ``p.grad`` (the engine still writes them) and applies each
+    step():    the step mode in place (modes/): the synchronous one reduces what was not
+               produced (as zeros), waits for every block, and the user's optimizer steps as
+               usual; the overlap one launches the rest and returns, and the runner applies each
                group's update in the next forward pass (commsched.runtime.overlap)
 DistributedOptimizer keeps Horovod's surface and delegates everything else here. A session
 holds: its WorldBinding (binding.py: what it makes for the world it runs in), its GradientHooks
 (gradient_hooks.py: every hook it registers, and what the gradient intake leaves to Python), its
 Accumulation (accumulation.py: the intake itself, the passes counted and what no_sync() holds
 back), its ElasticGuard (elastic.py: re-binding where an elastic job's world was re-formed, and
-what a failed iteration forgets), its PassThrough (passthrough.py: a world of one stepping as the
-plain optimizer) and the Resources released with it (release.py). Beside this file: `wrap.py`
-(the options, the specs, the check that ranks agree).
+what a failed iteration forgets), its StepModes (modes/: which mode step() runs, and the overlap
+runner) and the Resources released with it (release.py). Beside this file: `wrap.py` (the
+options, the specs, the check that ranks agree).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 import torch
 
@@ -46,8 +45,7 @@ from .elastic import ElasticGuard, refuse_in_elastic_job
 from .engine import EngineHandle
 from .gradient_hooks import GradientHooks
 from .lifecycle import PlanLifecycle
-from .overlap import OverlapRunner
-from .passthrough import PassThrough
+from .modes import StepMode, StepModes
 from .release import Resources, release, release_orphans
 from .sharded import ShardedState
 from .sparse import SparseExchange, sparse_parameter_ids
@@ -82,7 +80,6 @@ class Session:
     engine = _FromBinding[EngineHandle]()
     clock = _FromBinding[StepClock]()
     lifecycle = _FromBinding[PlanLifecycle]()
-    runner = _FromBinding[OverlapRunner | None]()
     compressed = _FromBinding[CompressedGradients | None]()
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_cls: type[torch.optim.Optimizer],
@@ -98,31 +95,33 @@ class Session:
         self.base_cls = base_cls  # the user's optimizer class (the wrapper's class derives from it)
         self.names = {p: n for n, p in named}
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
-        self._routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
+        # The parameters the sparse route carries, and the dense ones the engine reduces.
+        self.routed = [(n, p) for n, p in named if p.requires_grad and id(p) in routed_ids]
         tracked = [(n, p) for n, p in named if p.requires_grad and id(p) not in routed_ids]
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
         self.deferred = DeferredUpdates(base_cls, optimizer)
         self.hooks = GradientHooks(self)
-        self.pass_through = PassThrough()
+        self.modes = StepModes(self)
         # Note [a dropped optimizer releases its engine] (runtime/release.py).
         self._resources = Resources(None, None, self.hooks.handles, threading.get_ident())
         self._release = weakref.finalize(optimizer, release, self._resources)
         self._release.atexit = False  # at exit commsched.shutdown() stops what is left
         self.binding = WorldBinding(config, options, elastic_job, self.specs, self.params,
-                                    self._routed, self.deferred, base_cls, self._resources)
+                                    self.routed, self.deferred, base_cls, self._resources,
+                                    self.modes)
         self.accumulation = Accumulation(options.backward_passes_per_step, self.params,
-                                         self._routed, self.binding,
+                                         self.routed, self.binding,
                                          self.hooks.first_gradient_call(), self.hooks.slow_path())
         self.elastic_guard = ElasticGuard(self.binding, self.accumulation)
         if not elastic_job:  # an elastic job binds at its first step
-            self._bind()
+            self.bind()
         # Note [Answering the others' collectives]; commsched.Join swaps it for its block.
         self.vote: NoVote | StepVote = StepVote(self.world) if config.uneven_inputs else NoVote()
-        self.hooks.install(self.accumulation.intake, self.params, self._routed)
+        self.hooks.install(self.accumulation.intake, self.params, self.routed)
         _activity.now = ("forward", time.monotonic(), self.iteration)
 
-    def _bind(self) -> None:
+    def bind(self) -> None:
         """Binds to the world of now (WorldBinding.bind), and starts the plan there."""
         self.binding.bind(iteration_reader(self), self.accumulation.passes)
         intake = self.accumulation.intake
@@ -132,8 +131,8 @@ class Session:
         elastic_job = self.binding.elastic
         if elastic_job:  # a joining worker starts at 0: rank 0 holds the committed position
             self.iteration = int(self.binding.formed.broadcast_object(self.iteration))
-        self.pass_through.decide_at_bind(self.world, elastic_job, bool(self._routed),
-                                         self.compressed, self.config)
+        self.modes.plain.decide_at_bind(self.world, elastic_job, bool(self.routed),
+                                        self.compressed is not None, self.config)
         self.binding.start(self.iteration)
 
     @property
@@ -149,39 +148,22 @@ class Session:
         return self.lifecycle.plan
 
     @property
-    def defers_updates(self) -> bool:
-        """Whether step() leaves the update to the next forward pass (an overlap plan runs)."""
-        return self.runner is not None and self.runner.active
-
-    # -- a world of one passing through (passthrough.py) ---------------------------------------
-
-    @property
-    def steps_as_plain(self) -> bool:
-        """Whether step() is the plain optimizer's now."""
-        return self.pass_through.active
+    def mode(self) -> StepMode:
+        """The step mode that runs now (Note [A step mode is an object] in modes/base.py)."""
+        return self.modes.current
 
     def hook_gradients(self) -> None:
         """Leaves the plain optimizer's step, where it was taken (a session never bound, as an
         elastic job's new worker restoring before its first step, has taken none)."""
         if self.binding.binds:
-            self.pass_through.resume(self.hooks, self.accumulation.intake, self.params,
-                                     self.runner, self.lifecycle)
+            self.modes.resume()
 
     def never_pass_through(self) -> None:
         """Keeps this session stepping through the engine and, under an overlap plan, its
         runner in a world of one: benchmarks.harness.overhead measures the runtime's own cost
         this way, as a world with peers pays it."""
         self.hook_gradients()
-        self.pass_through.possible = False
-
-    @property
-    def overlap_plan_runs(self) -> bool:
-        """Whether the plan in place defers updates to the next forward pass, resting or not."""
-        return self.pass_through.overlap_plan_runs(self.runner)
-
-    def _maybe_pass_through(self) -> None:
-        self.pass_through.maybe_start(self.accumulation.passes, self.lifecycle, self.runner,
-                                      self.hooks, self.params)
+        self.modes.plain.possible = False
 
     # -- gradient hooks -----------------------------------------------------------------------
 
@@ -190,52 +172,42 @@ class Session:
         handed over. Later gradients of the iteration go straight to the engine."""
         self.vote.cast(self.iteration)  # before any collective of the iteration
         if self.binding.elastic:  # Note [Elastic Horovod] in world/bootstrap.py
-            self.elastic_guard.rebind_if_stale(self._bind)
+            self.elastic_guard.rebind_if_stale(self.bind)
         self.accumulation.intake.started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
         if self.lifecycle.restore_unchecked:
             self.elastic_guard.run(self.lifecycle.check_restored, self.iteration)
-        runner = self.runner
-        if runner is not None and runner.open:
-            # No forward pass of `model` closed the previous iteration: do it now.
-            runner.finish(after_forward=True)
-        if self.engine.sampling:  # the profiler keeps every few iterations only
-            self.clock.first_gradient(runner.update_seconds_so_far() if runner is not None
-                                      else 0.0)
+        self.mode.first_gradient()
 
     def set_passes(self, passes: int) -> None:
         self.hook_gradients()  # the hooks count the passes
         self.accumulation.set_passes(passes)
 
-    # -- the end of an iteration ----------------------------------------------------------------
+    # -- what every mode's end of an iteration shares ---------------------------------------------
 
-    def _launch_rest(self) -> None:
+    def launch_rest(self) -> None:
         """Hands over every gradient not yet with the engine, and the compressor's rest."""
         intake = self.accumulation.intake
-        if self.runner is not None:  # Note [No forward pass on a pending update]
-            self.runner.guard.after_backward(self.accumulation.received, self.iteration)
+        runner = self.modes.runner
+        if runner is not None:  # Note [No forward pass on a pending update]
+            runner.guard.after_backward(self.accumulation.received, self.iteration)
         if not self.hooks.all_handed_over(intake) or self.compressed is not None:
             self.hooks.launch_rest(intake, self.params, self.engine, self.compressed,
-                                   self.pass_through.lacked_gradient, self.runner is None)
+                                   self.modes.plain.lacked_gradient, runner is None)
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros, as in Horovod."""
-        if self.steps_as_plain:  # Note [A world of one steps as the plain optimizer]
-            self.iteration += 1
-            return
-        if self.binding.elastic:  # no gradient in this iteration here; the world may have changed
-            self.elastic_guard.rebind_if_stale(self._bind)
-        _activity.now = ("step", time.monotonic(), self.iteration)
-        self.flush()
-        self.elastic_guard.run(self._reduce)
+        self.mode.synchronize()
 
-    def _reduce(self, sharded: ShardedState | None = None) -> None:
+    def reduce(self, sharded: ShardedState | None = None) -> None:
+        """Reduces every gradient and waits for it; with `sharded`, the owners update their
+        slices between the reduce-scatters and the all-gathers, which then carry parameters."""
         self.vote.cast(self.iteration)  # where no gradient came in this iteration
         if self.lifecycle.restore_unchecked:
             self.lifecycle.check_restored(self.iteration)
-        self._launch_rest()
+        self.launch_rest()
         engine = self.engine
-        if sharded is not None:  # the owners update; the all-gathers then carry parameters
+        if sharded is not None:
             params = self.params
             self.clock.time_sharded(lambda: sharded.step(
                 engine.reduced_shard, lambda tid: _grad(params[tid]), engine.release))
@@ -245,8 +217,8 @@ class Session:
         compressed = self.compressed if self.compressed is not None and self.compressed.on \
             else None
         if compressed is not None:
-            self._second_round(compressed)
-        if self._routed:
+            self.second_round(compressed)
+        if self.routed:
             self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         engine.wait()
         if sharded is not None:
@@ -258,95 +230,22 @@ class Session:
             self.engine.profiler.note("compression_s", compressed.take_busy_s())
         if self.hooks.densified:
             self.hooks.resparsify(self.params)
-        self._end_iteration()
-        self._maybe_pass_through()
+        self.end_iteration()
+        self.modes.maybe_pass_through()
 
-    def _second_round(self, compressed: CompressedGradients,
-                      before_wait: Callable[[int], None] | None = None) -> None:
+    def second_round(self, compressed: CompressedGradients,
+                     before_wait: Callable[[int], None] | None = None) -> None:
         """The compressor's second round (PowerSGD's Qs), on the timeline as one span."""
         started = _C.now_us()
         compressed.release_late(self.plan, before_wait)
         self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
-
-    def step_deferred(self) -> None:
-        """step() of an overlap plan: launch the rest and leave the update to the next forward.
-        Its waits (PowerSGD's second round) may fail as synchronize()'s may: ElasticGuard.run."""
-        self.elastic_guard.run(self._step_deferred)
-
-    def _step_deferred(self) -> None:
-        runner = self.runner
-        assert runner is not None
-        _activity.now = ("step", time.monotonic(), self.iteration)
-        self.vote.cast(self.iteration)  # where no gradient came in this iteration
-        runner.finish()  # where no backward came since the last step(); else it holds nothing
-        if self.lifecycle.restore_unchecked:
-            self.lifecycle.check_restored(self.iteration)
-        self._launch_rest()
-        sharded = self.lifecycle.sharded
-        runner.gathers_parameters = sharded is not None and sharded.active
-        runner.begin(sharded.step_later(self.engine.reduced_shard)
-                     if sharded is not None and sharded.active else None)
-        compressed = self.compressed
-        if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
-            self._second_round(compressed, before_wait=runner.release_for)
-            compressed.end_round()
-            self.engine.profiler.note("compression_s", compressed.take_busy_s())
-        # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
-        if self._routed:
-            self.sparse.exchange()
-            self.sparse.step_now(self.deferred)
-        if runner.guard.updates_at_step:  # a forward path that runs no hook: nothing stays pending
-            runner.finish()
-        self._end_iteration()
-        update_s = runner.take_update_seconds()
-        if self.engine.sampling:
-            self.engine.profiler.note("step_s", update_s)
-        self.clock.step_ended()
-        _activity.now = ("forward", time.monotonic(), self.iteration)
-        self._maybe_pass_through()
 
     @property
     def sharded(self) -> ShardedState | None:
         """shard_optimizer's state where it runs (a bound world of more than one rank)."""
         return self.lifecycle.sharded if self.bound else None
 
-    def sharded_now(self) -> bool:
-        """Whether this step() updates slices: sharding, under a policy's plan (the profiling
-        steps are not sharded). Moves the state to a new plan's slices first."""
-        sharded = self.sharded
-        return sharded is not None and not self.steps_as_plain and sharded.follow_plan()
-
-    def step_sharded(self) -> None:
-        """step() with shard_optimizer (runtime/sharded.py): each rank updates its slices
-        between the reduce-scatters and the all-gathers, which then carry parameters (under
-        dear in the next forward pass: step_deferred)."""
-        if self.defers_updates:
-            return self.step_deferred()
-        _activity.now = ("step", time.monotonic(), self.iteration)
-        self._reduce(self.sharded)
-        _activity.now = ("forward", time.monotonic(), self.iteration)
-
-    def update(self, step: Callable[[], Any], closure: Any) -> Any:
-        """The user's optimizer step under a synchronous plan, timed (StepClock.time_update)."""
-        if self.steps_as_plain:
-            return step()
-        runner = self.runner
-        recording = closure is None and runner is not None and runner.recording
-        result = self.clock.time_update(
-            step, self.deferred.step_all_in_two_calls if recording else None)
-        _activity.now = ("forward", time.monotonic(), self.iteration)
-        return result
-
-    def skip_update(self) -> None:
-        """The update after synchronize() that AMP's loss scaler skipped (an overflow): the
-        iteration's traffic is over, no parameter or optimizer state changes, and the next
-        forward pass begins as after any step."""
-        if self.steps_as_plain:
-            return
-        self.clock.step_ended()
-        _activity.now = ("forward", time.monotonic(), self.iteration)
-
-    def _end_iteration(self) -> None:
+    def end_iteration(self) -> None:
         self.accumulation.end_iteration()
         self.iteration += 1
         if self.engine.timeline:
@@ -359,8 +258,7 @@ class Session:
         """Applies every update still pending from cross-iteration overlap. `pause`: the user
         called it, and the training loop stops here (Note [A pause is not compute] in
         clock.py)."""
-        if self.runner is not None:
-            self.runner.finish()
+        self.mode.finish()
         if pause and self.bound:  # unbound (an elastic job before its first step): no clock
             self.clock.pause()
 

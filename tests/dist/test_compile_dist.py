@@ -70,7 +70,7 @@ def _train(policy: str, compiled: bool) -> dict[str, Any]:
     opt.flush()
     out: dict[str, Any] = {"params": [p.detach().clone() for p in eager.parameters()]}
     if compiled:
-        runner = opt.session.runner
+        runner = opt.session.modes.runner
         if runner is not None and runner.active:  # a pass the profiler does not sample
             runner._set_mode(HookMode.ACTIVE, sampled=False)
         explained = torch._dynamo.explain(model)(_batch(STEPS, rank)[0])

@@ -94,7 +94,7 @@ def _train(lossy: Any, policy: str, op: str) -> list[torch.Tensor]:
         opt.step()
     assert "+" + lossy.label in opt.plan.policy, opt.plan.policy
     if policy in ("bytescheduler", "prophet", "dear"):
-        assert opt.session.defers_updates, "the overlap plan did not run"
+        assert opt.session.mode.defers_updates, "the overlap plan did not run"
     opt.flush()  # an overlap plan's last updates wait for the next forward pass
     return [p.detach().clone() for p in model.parameters()]
 

@@ -155,7 +155,7 @@ def _commsched(case: str, policy: str) -> dict[str, Any]:
         opt = _train(net, loss_of, model, policy, commsched.rank())
     return {"params": [p.detach().clone() for p in net.parameters()],
             "warnings": [str(w.message) for w in caught if "forward pass" in str(w.message)],
-            "overlap": opt.session.runner is not None and opt.session.runner.active}
+            "overlap": opt.session.modes.runner is not None and opt.session.modes.runner.active}
 
 
 def _job() -> dict[str, Any]:

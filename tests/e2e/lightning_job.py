@@ -59,7 +59,7 @@ class Regression(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         session = getattr(self.trainer.strategy.optimizers[0], "session", None)
-        self.deferred_steps += bool(session is not None and session.defers_updates)
+        self.deferred_steps += bool(session is not None and session.mode.defers_updates)
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)

@@ -108,7 +108,7 @@ def compare(policy: str, kind: str, bpps: int) -> dict:
             opt, named_parameters=model.named_parameters(), model=model, policy=policy,
             backward_passes_per_step=bpps, **KNOBS), kind, bpps)
     assert isinstance(opt, _DistributedOptimizer)
-    overlapped = opt.session.defers_updates
+    overlapped = opt.session.mode.defers_updates
     opt.flush()
     state_ok = len(opt.state_dict()["state"]) == len(list(actual.parameters()))
     opt.session.close()

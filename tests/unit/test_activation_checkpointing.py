@@ -68,11 +68,11 @@ def test_checkpointed_model_trains_as_the_plain_optimizer(policy: str, reentrant
             net(x).square().mean().backward()
             optimizer.step()
         time.sleep(LOOP_S)
-    assert opt.plan.policy == policy and opt.session.defers_updates
+    assert opt.plan.policy == policy and opt.session.mode.defers_updates
     opt.flush()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(),
                                                  strict=True))
-    runner = opt.session.runner
+    runner = opt.session.modes.runner
     assert runner is not None
     times = runner.modules.times
     # One time per recorded forward pass, as many as the root's: none from a recomputation,

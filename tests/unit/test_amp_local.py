@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import commsched
+from commsched.runtime.modes import ModeKind
 
 STEPS = 100  # past the iteration where a world of one passes through (about 80)
 OVERFLOW = 7
@@ -47,7 +48,7 @@ def _train(wrap: bool, optimizer: str, recipe: str) -> tuple[list[torch.Tensor],
         scaler.update()
         scales.append(scaler.get_scale())
     if wrap:
-        assert opt.session.steps_as_plain  # type: ignore[attr-defined]
+        assert opt.session.mode.kind is ModeKind.PLAIN  # type: ignore[attr-defined]
         opt.session.close()  # type: ignore[attr-defined]
     return [p.detach() for p in model.parameters()], scales
 

@@ -17,6 +17,7 @@ from torch import nn
 
 import commsched
 from benchmarks.harness import overhead, overhead_report
+from commsched.runtime.modes import ModeKind
 from commsched.runtime.session import Session
 
 
@@ -290,8 +291,8 @@ def test_a_candidate_with_its_engine_kept_never_steps_as_the_plain_optimizer() -
                      autocast=False)
         sessions: list[Session] = [c.optimizer.session for c in candidates[2:]]  # type: ignore[attr-defined]
         passing, engine = sessions
-        assert passing.steps_as_plain and not passing.defers_updates
-        assert not engine.steps_as_plain and engine.defers_updates
+        assert passing.mode.kind is ModeKind.PLAIN and not passing.mode.defers_updates
+        assert engine.mode.kind is not ModeKind.PLAIN and engine.mode.defers_updates
         assert engine.plan.policy == passing.plan.policy == "bytescheduler"
     finally:
         overhead._close(candidates)

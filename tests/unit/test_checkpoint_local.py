@@ -49,7 +49,7 @@ def test_resume_restores_plan_and_skips_profiling(policy: str) -> None:
     assert fresh.plan.fingerprint == opt.plan.fingerprint
     assert fresh.session.iteration == 3
     if policy == "prophet":
-        runner, original = fresh.session.runner, opt.session.runner
+        runner, original = fresh.session.modes.runner, opt.session.modes.runner
         assert runner is not None and original is not None  # prophet overlaps iterations
         assert runner.active and runner.modules.order == original.modules.order
     _steps(fresh_model, fresh, 2)

@@ -49,7 +49,7 @@ def test_auto_plans_only_synchronous_policies_for_a_fullgraph_model() -> None:
     opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(), model=model,
                                          policy="auto", profile_steps=1)
-    assert opt.session.runner is None  # no overlap plan can be installed
+    assert opt.session.modes.runner is None  # no overlap plan can be installed
     for _ in range(3):
         opt.zero_grad()
         model(torch.randn(5, 4)).square().mean().backward()

@@ -249,7 +249,7 @@ def _train(compression: Any, steps: int = 5, check_plan: bool = False,
         policy = kw.get("policy", "horovod")
         assert "+" + compression.label in opt.plan.policy, opt.plan.policy
         overlap = Policy(policy).overlaps_iterations
-        assert opt.session.defers_updates == overlap, (policy, opt.plan.policy)
+        assert opt.session.mode.defers_updates == overlap, (policy, opt.plan.policy)
     opt.flush()
     opt.session.close()
     return [p.detach().clone() for p in model.parameters()]
@@ -298,7 +298,7 @@ def test_resumed_run_is_bit_identical(compression: Any, policy: str) -> None:
     opt = _wrap(model, compression, policy=policy, model=model)
     opt.load_state_dict(saved["opt"])
     assert "+" in opt.plan.policy  # the compressed plan was restored
-    assert opt.session.defers_updates == (policy == "bytescheduler")
+    assert opt.session.mode.defers_updates == (policy == "bytescheduler")
     for step in range(4, 7):
         _step(model, opt, step)
     opt.flush()

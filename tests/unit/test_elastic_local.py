@@ -134,7 +134,7 @@ def test_a_restore_drops_what_an_overlap_plan_defers(elastic_world) -> None:
                                          policy="dear", profile_steps=1)
     for _ in range(3):
         _step(model, opt)
-    runner = opt.session.runner
+    runner = opt.session.modes.runner
     assert runner is not None and runner.active and runner.open  # an update is deferred
     saved = {k: v.clone() for k, v in model.state_dict().items()}  # applies it (the commit)
     assert not runner.open
@@ -143,13 +143,13 @@ def test_a_restore_drops_what_an_overlap_plan_defers(elastic_world) -> None:
     assert runner.open
     model.load_state_dict(saved)
     opt.load_state_dict(committed)
-    assert not opt.session.bound and opt.session.runner is None and not runner.open
+    assert not opt.session.bound and opt.session.modes.runner is None and not runner.open
     # No hook of the old runner is left: a forward pass applies nothing.
     model(torch.randn(2, 3))
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
     _step(model, opt)
-    assert opt.session.bound and opt.session.runner is not None
-    assert opt.session.runner is not runner
+    assert opt.session.bound and opt.session.modes.runner is not None
+    assert opt.session.modes.runner is not runner
 
 
 def test_kfac_binds_at_first_use_and_restores_its_commit(elastic_world) -> None:

@@ -22,7 +22,7 @@ def test_reading_any_modules_state_dict_applies_the_pending_update(policy: str) 
                                           model=model, policy=policy, profile_steps=2,
                                           named_parameters=model.named_parameters())
     plain = torch.optim.SGD(twin.parameters(), lr=0.05)
-    runner = ours.session.runner
+    runner = ours.session.modes.runner
     assert runner is not None
     ours_layers, twin_layers = ([m for m in net.children() if isinstance(m, nn.Linear)]
                                 for net in (model, twin))
@@ -59,7 +59,7 @@ def test_a_dropped_optimizer_takes_its_runners_hooks_with_it() -> None:
         ours.zero_grad()
         model(torch.randn(4, 6, generator=torch.Generator().manual_seed(step))).sum().backward()
         ours.step()
-    assert ours.session.runner is not None and ours.session.runner.open
+    assert ours.session.modes.runner is not None and ours.session.modes.runner.open
     del ours
     gc.collect()
     assert not any(m._forward_pre_hooks or m._forward_hooks or m._state_dict_pre_hooks

@@ -44,8 +44,8 @@ def test_a_module_called_three_times_records_its_calls_only() -> None:
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
-    runner = opt.session.runner
-    assert runner is not None and opt.session.defers_updates
+    runner = opt.session.modes.runner
+    assert runner is not None and opt.session.mode.defers_updates
     times = runner.modules.times
     # One figure per recorded forward pass, as the root's.
     assert len(times["0.relu"]) == len(times[""]) >= 2, times
@@ -68,7 +68,7 @@ def test_an_evaluation_between_iterations_is_not_timed() -> None:
     opt = commsched.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters(),
         model=model, policy="prophet", profile_steps=4)
-    runner = opt.session.runner
+    runner = opt.session.modes.runner
     assert runner is not None
     for step in range(3):  # profiling steps: every training forward pass is timed
         x = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step))

@@ -196,7 +196,7 @@ def _deferring(model: nn.Module, cls: type[torch.optim.SGD]) -> Wrapped:
         opt.zero_grad()
         backward(model)
         opt.step()
-    assert opt.session.defers_updates
+    assert opt.session.mode.defers_updates
     return opt
 
 

@@ -72,7 +72,7 @@ def _keeps_deferring(ours: Wrapped, pairs: list[tuple[Any, torch.optim.Optimizer
                      split: bool = False) -> OverlapRunner:
     """Trains past the plan's settling (`split`: then one update group per module): every
     forward pass reads what the plain optimizer's does, updates stay deferred, no warning."""
-    runner = ours.session.runner
+    runner = ours.session.modes.runner
     assert runner is not None
     deferred = 0
     with warnings.catch_warnings():
@@ -91,7 +91,7 @@ def _keeps_deferring(ours: Wrapped, pairs: list[tuple[Any, torch.optim.Optimizer
 def test_a_path_that_changes_mid_run_is_caught_in_its_first_iteration(policy: str) -> None:
     model, twin = Bypassing(), Bypassing()
     ours, plain = _wrap(model, policy), torch.optim.SGD(twin.parameters(), lr=0.05)
-    runner = ours.session.runner
+    runner = ours.session.modes.runner
     assert runner is not None
     switch = SETTLED + 2
     caught: list[str] = []
@@ -129,7 +129,7 @@ def test_a_path_that_runs_no_hook_from_the_start_never_reads_a_pending_update(
         for step in range(SETTLED + 4):
             mine, theirs = _step_both([(traced, ours), (twin, plain)], _called, step)
             assert torch.equal(mine, theirs), step
-    runner = ours.session.runner
+    runner = ours.session.modes.runner
     assert runner is not None and runner.active and runner.guard.updates_at_step
     assert not runner.open
     ours.session.close()

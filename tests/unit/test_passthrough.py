@@ -1,5 +1,5 @@
 """A world of one that has settled on its plan steps as the plain optimizer, as
-Horovod's does at size 1 (runtime/passthrough.py, Note [A world of one steps as the plain
+Horovod's does at size 1 (runtime/modes/plain.py, Note [A world of one steps as the plain
 optimizer]): the same parameters as the plain optimizer throughout, no gradient handed over
 once it passes through, hooked again by whatever changes the passes or the plan, and never where
 it would change what the user sees."""
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import commsched
+from commsched.runtime.modes import ModeKind
 
 STEPS = 120  # horovod and mgwfbp pass through after 78 iterations, ddp after 64
 OVERLAP = ["bytescheduler", "prophet", "dear"]
@@ -46,7 +47,7 @@ def _steps(model: nn.Module, opt: Any, twin: nn.Module, plain: torch.optim.Optim
             for _ in range(passes):
                 m(_batch(step)).square().sum().backward()
             o.step()
-        if first is None and opt.session.steps_as_plain:
+        if first is None and opt.session.mode.kind is ModeKind.PLAIN:
             first = step
     return first
 
@@ -62,9 +63,9 @@ def _reload_and_step(model: nn.Module, opt: Any, twin: nn.Module,
     plan's runner too)."""
     opt.load_state_dict(opt.state_dict())
     plain.load_state_dict(plain.state_dict())
-    runner = opt.session.runner
-    assert not opt.session.steps_as_plain
-    assert runner is None or (opt.session.defers_updates and runner._handles)
+    runner = opt.session.modes.runner
+    assert opt.session.mode.kind is not ModeKind.PLAIN
+    assert runner is None or (opt.session.mode.defers_updates and runner._handles)
     model(_batch(0)).square().sum().backward()
     assert opt.session.accumulation.pending  # handed over by the hook again
     opt.step()
@@ -119,11 +120,11 @@ def test_an_overlap_plan_stands_down_and_comes_back(policy: str) -> None:
     commsched.init()
     model, opt, twin, plain = _pair(policy=policy)
     assert _steps(model, opt, twin, plain, range(STEPS)) is not None
-    runner = opt.session.runner
-    assert not opt.session.defers_updates and not runner._handles
+    runner = opt.session.modes.runner
+    assert not opt.session.mode.defers_updates and not runner._handles
     assert opt.state_dict()["commsched"]["runner"]["active"]  # what a restored run resumes
     opt.set_backward_passes_per_step(2)
-    assert opt.session.defers_updates and runner._handles
+    assert opt.session.mode.defers_updates and runner._handles
     assert _steps(model, opt, twin, plain, range(STEPS, STEPS + 5), passes=2) is None
     assert runner.open  # the last update waits for the next forward pass
     opt.flush()
@@ -149,7 +150,7 @@ def test_changing_the_passes_hooks_the_gradients_again() -> None:
     assert _steps(model, opt, twin, plain, range(STEPS)) is not None
     model(_batch(0)).square().sum().backward()  # before the change: left in p.grad
     opt.set_backward_passes_per_step(1)
-    assert not opt.session.steps_as_plain
+    assert opt.session.mode.kind is not ModeKind.PLAIN
     twin(_batch(0)).square().sum().backward()
     opt.step()  # hands over what no hook did
     plain.step()
@@ -211,5 +212,5 @@ def test_nothing_the_user_sees_changes_where_it_would_matter(tmp_path: pathlib.P
                                                              case: str) -> None:
     commsched.init()
     opt = _never(tmp_path, case)
-    assert not opt.session.steps_as_plain, case
+    assert opt.session.mode.kind is not ModeKind.PLAIN, case
     opt.session.close()

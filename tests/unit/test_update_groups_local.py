@@ -63,7 +63,7 @@ def test_planned_groups_update_like_the_plain_optimizer(
         assert torch.equal(a, b)
     session = ours.session
     groups = ours.plan.update_groups
-    assert session.defers_updates and groups, "an overlap plan with planned update groups"
+    assert session.mode.defers_updates and groups, "an overlap plan with planned update groups"
     assert sorted(t for g in groups for t in g.tensor_ids) == list(range(8))
     # Pre-hooks now only where a group starts and on the first users of its parameters (the
     # Linear layers), none on ReLU/Tanh; the leading group, which starts at the first Linear,
@@ -142,7 +142,7 @@ def test_a_skipped_group_start_is_applied_by_the_next_module_that_needs_it() -> 
     tids = {name: i for i, (name, _) in enumerate(model.named_parameters())}
     split = [("zeroth", (tids["zeroth.weight"], tids["zeroth.bias"])),
              ("first", tuple(t for n, t in tids.items() if not n.startswith("zeroth")))]
-    runner = ours.session.runner
+    runner = ours.session.modes.runner
     assert runner is not None
     runner.activate(dataclasses.replace(plan, update_groups=tuple(
         UpdateGroup(module, ts, max(needs[t] for t in ts)) for module, ts in split)))
@@ -206,7 +206,7 @@ def test_the_profile_does_not_count_deferred_updates_as_forward_compute() -> Non
                                          policy="dear", named_parameters=model.named_parameters(),
                                          profile_steps=2)
     _train(model, opt, 8)
-    assert opt.session.defers_updates
+    assert opt.session.mode.defers_updates
     compute = opt.session.engine.profiler.compute_samples
     assert min(compute["step_s"][-4:]) >= 0.03  # the deferred updates are counted, once
     assert max(compute["before_first_ready_s"][-4:]) < 0.02
@@ -223,7 +223,7 @@ def test_module_times_come_from_sampled_forward_passes_without_the_runners_own_w
                                          policy="bytescheduler", profile_steps=2,
                                          named_parameters=model.named_parameters())
     _train(model, opt, SETTLED + SAMPLE_EVERY)
-    runner = opt.session.runner
+    runner = opt.session.modes.runner
     assert runner is not None and runner.active
     assert opt.plan.update_groups[0].module == "0"  # applied in the root's pre-hook
     before = len(runner.modules.times[""])
@@ -262,7 +262,7 @@ def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples
     grown = [after - start for after, start in zip(counts(), before, strict=True)]
     assert grown[0] == steps // SAMPLE_EVERY  # the engine's own sampled rounds
     assert grown[1] == grown[2] == steps // SAMPLE_EVERY
-    if opt.session.defers_updates:  # one call per update group and sampled iteration
+    if opt.session.mode.defers_updates:  # one call per update group and sampled iteration
         groups = len(opt.plan.update_groups)
         # The updates run in the next forward pass: the window may start or end one round off.
         assert abs(grown[3] - steps // SAMPLE_EVERY * groups) <= groups
@@ -490,7 +490,7 @@ def test_deferred_updates_follow_hyper_parameters_set_between_steps(policy: str)
                 opt.param_groups[0]["weight_decay"] = 0.5
         x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
         step_alike(((model, ours), (twin, plain)), x)
-    assert ours.session.defers_updates
+    assert ours.session.mode.defers_updates
     ours.flush()
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -1,0 +1,93 @@
+"""The interface every step mode implements, and the names of the modes.
+
+Note [A step mode is an object]
+What step(), synchronize() and an iteration's first gradient do depends on the plan in place:
+a synchronous plan reduces and then runs the user's optimizer; an overlap plan launches the rest
+and leaves each update to the next forward pass; a sharded plan updates this rank's slices
+between the reduce-scatters and the all-gathers; a world of one that has nothing left to learn
+steps as the plain optimizer. Each is one class here, and the session holds one of them at a
+time (StepModes.current, choice.py): the plan's lifecycle swaps it when it installs a plan, and
+the session when a world of one passes through. No method asks which mode runs; a mode that
+does not need a call does nothing in it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...world import registry
+
+if TYPE_CHECKING:
+    from ...step_protocol import StepProtocol
+    from ..session import Session
+
+# The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
+activity = registry.activity
+
+
+class ModeKind(enum.Enum):
+    """Which step mode runs (StepMode.kind)."""
+
+    SYNCHRONOUS = "synchronous"  # reduce, wait, then the user's optimizer (horovod, ddp, ...)
+    OVERLAP = "overlap"  # updates in the next forward pass (bytescheduler, prophet, dear)
+    SHARDED = "sharded"  # shard_optimizer: each rank updates its slices
+    SHARDED_OVERLAP = "sharded_overlap"  # shard_optimizer under dear: the all-gathers deferred
+    PLAIN = "plain"  # a world of one stepping as the plain optimizer
+
+
+class StepMode:
+    """One way of running an iteration's end (Note [A step mode is an object]).
+
+    The base is the synchronous protocol's skeleton: what step() does when it is not to reduce
+    (inside skip_synchronize(), or after synchronize()), which every mode but the sharded ones
+    shares.
+    """
+
+    kind: ModeKind
+    # Whether step() leaves the update to the next forward pass.
+    defers_updates = False
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def first_gradient(self) -> None:
+        """The mode's part of an iteration's first gradient (Session.first_gradient)."""
+
+    def synchronize(self) -> None:
+        """Reduces every gradient into ``p.grad``; missing ones count as zeros."""
+        raise NotImplementedError
+
+    def step(self, optimizer: torch.optim.Optimizer, protocol: StepProtocol,
+             synchronize: Callable[[], None], closure: Any) -> Any:
+        """DistributedOptimizer.step() without GradScaler: reduce where `protocol` says so (with
+        `synchronize`, the wrapper's, which records it), then update.
+
+        Returns:
+            What the user's optimizer step returns, or None where the update is deferred.
+        """
+        protocol.before_update(synchronize)
+        return self.update(lambda: self.session.deferred.base_step(optimizer, closure), closure)
+
+    def update(self, step: Callable[[], Any], closure: Any) -> Any:
+        """The user's optimizer step, after the gradients were reduced."""
+        return step()
+
+    def skip_update(self) -> None:
+        """The update after synchronize() that AMP's loss scaler skipped (an overflow)."""
+
+    def finish(self) -> None:
+        """Applies every update the mode still holds (flush())."""
+
+
+def forward_begins(session: Session) -> None:
+    """Publishes that the next forward pass begins (after a step)."""
+    activity.now = ("forward", time.monotonic(), session.iteration)
+
+
+def step_begins(session: Session) -> None:
+    activity.now = ("step", time.monotonic(), session.iteration)
