@@ -21,8 +21,8 @@ from .clock import StepClock
 from .compressed import CompressedGradients
 from .deferred import DeferredUpdates
 from .engine import EngineHandle
-from .lifecycle import PlanLifecycle, Scaling
-from .modes import StepModes
+from .lifecycle import ModeFollower, PlanLifecycle, Scaling
+from .lossy_hook import LossyHook
 from .overlap import OverlapRunner
 from .overlap_support import ModuleProfile, check_overlap_allowed, overlap_possible
 from .release import Resources
@@ -49,7 +49,7 @@ class WorldBinding:
                  specs: list[TensorSpec], params: list[torch.Tensor],
                  routed: list[tuple[str, torch.Tensor]], deferred: DeferredUpdates,
                  base_cls: type[torch.optim.Optimizer], resources: Resources,
-                 modes: StepModes) -> None:
+                 modes: ModeFollower) -> None:
         self.config, self.options, self.elastic = config, options, elastic
         self.specs, self.params, self.routed = specs, params, routed
         self.deferred, self.base_cls, self.resources = deferred, base_cls, resources
@@ -59,7 +59,6 @@ class WorldBinding:
         # made again at the first gradient of a re-formed world's iteration, after the forward.
         self.recorded: ModuleProfile | None = None
         self.compressed: CompressedGradients | None = None
-        self.lossy_scale = 1.0  # the engine's pre- x post-scale
         # Top-k's momentum correction, attached to each bind's compressor: the wrapped optimizer
         # (held weakly: it holds the session, which holds this) and whether the op averages.
         self.momentum_of: tuple[weakref.ref[torch.optim.Optimizer], bool] | None = None
@@ -96,13 +95,13 @@ class WorldBinding:
         self.modes.bind(runner)
         self.clock = StepClock(self.engine)
         postscale = options.predivide / world.size if options.op is ReduceOp.AVERAGE else 1.0
-        self.lossy_scale = postscale / options.predivide
-        if runner is not None:
-            runner.compressed = self.compressed
-            runner.decompress_scale = self.lossy_scale
         self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.modes,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale))
+        if self.compressed is not None:  # Note [Compression is a comm hook] in comm_hook.py
+            # Scaled by the engine's pre- x post-scale, which top-k applies itself.
+            self.engine.register_comm_hook(LossyHook(
+                self.compressed, postscale / options.predivide, self.engine, self.lifecycle))
         if config.shard_optimizer and world.size > 1:
             if self.routed:  # an elastic job refused sharding at wrap time (elastic.py)
                 raise ValueError(

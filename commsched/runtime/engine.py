@@ -14,6 +14,7 @@ from ..compression import Compressor
 from ..plan import Collective, Plan, Stage, TensorSpec, dtype_name
 from ..world import World, registry
 from ..world.errors import RankFailureError, without_backtrace
+from .comm_hook import CommHook
 from .profiler import Profiler
 from .timeline import TimelineWriter
 
@@ -73,6 +74,9 @@ class EngineHandle:
         self._ops: list[str] = []
         self._forward_positions: list[int] = []  # the plan's blocks released by the caller
         self._iteration = iteration or (lambda: self.rounds)
+        # What the reduction runs beside the plan's collectives (Note [Compression is a comm
+        # hook] in comm_hook.py): the default until a compressor's is registered.
+        self.comm_hook = CommHook()
         self._world = world
         self.timeout_ms = max(1, int(timeout * 1000))
         self._group = world.new_data_group()
@@ -94,6 +98,10 @@ class EngineHandle:
         self.timeline = TimelineWriter(timeline, world.rank) if timeline else None
         self._engine.set_timeline(self.timeline is not None)
         registry.register(self)
+
+    def register_comm_hook(self, hook: CommHook) -> None:
+        """Makes `hook` run at each hand-over, wait and iteration end (comm_hook.py)."""
+        self.comm_hook = hook
 
     @property
     def sample_every(self) -> int:

@@ -16,9 +16,8 @@ from .wrap import TOO_MANY_BACKWARDS, dense_layout
 
 if TYPE_CHECKING:
     from .accumulation import Accumulation
-    from .compressed import CompressedGradients
     from .engine import EngineHandle
-    from .modes import StepModes
+    from .overlap import OverlapRunner
     from .sparse import SparseExchange
 
 
@@ -28,12 +27,11 @@ class _Session(Protocol):
 
     accumulation: Accumulation
     params: list[torch.Tensor]
-    modes: StepModes
+    @property
+    def overlap_runner(self) -> OverlapRunner | None: ...
 
     @property
     def engine(self) -> EngineHandle: ...
-    @property
-    def compressed(self) -> CompressedGradients | None: ...
     @property
     def sparse(self) -> SparseExchange: ...
     def first_gradient(self) -> None: ...
@@ -120,14 +118,12 @@ class GradientHooks:
             if grad is None:
                 return
             if grad.is_sparse:
-                self.densify(tensor_id, param, session.modes.runner is None)
+                self.densify(tensor_id, param, session.overlap_runner is None)
             if intake.take_pass(tensor_id) != 1:
                 return
-            compressed = session.compressed
-            if compressed is not None and compressed.on and tensor_id in compressed.ids:
-                compressed.hand_over(compressed.ids.index(tensor_id), dense_layout(param))
-            else:
-                session.engine.mark_ready(tensor_id, dense_layout(param))
+            engine = session.engine
+            if not engine.comm_hook.hand_over(tensor_id, dense_layout(param)):
+                engine.mark_ready(tensor_id, dense_layout(param))
         return slow_path
 
     def _sparse_hook(self, index: int) -> Callable[[torch.Tensor], None]:
@@ -150,12 +146,10 @@ class GradientHooks:
     # -- gradients the hooks did not hand over --------------------------------------------------
 
     def launch_rest(self, intake: _C.GradientIntake | None, params: list[torch.Tensor],
-                    engine: EngineHandle, compressed: CompressedGradients | None,
+                    engine: EngineHandle,
                     lacked: Callable[[], None], handing_back_sparse: bool) -> None:
         """Marks every gradient not produced on this rank as ready, as zeros (Horovod's rule:
         another rank may have computed it); `lacked` hears of each."""
-        if compressed is not None and compressed.on:
-            compressed.launch_rest()
         if self.all_handed_over(intake):
             return  # every hooked gradient is with the engine (zero-size ones are in no block)
         for tensor_id in engine.not_ready():

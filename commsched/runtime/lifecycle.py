@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..compression import Compressor
 from ..config import Config, Policy
@@ -47,13 +48,26 @@ from ..world import World, check_identical
 from .auto import AutoState, Verdict
 from .compressed import CompressedGradients
 from .engine import EngineHandle
-from .modes import StepModes
+from .overlap import OverlapRunner
 from .profiler import profile_document
 from .sampling import SamplingSchedule
 from .sharded import ShardedState
 from .world_profile import gather_critical, with_world_compute, world_document
 
 log = logging.getLogger("commsched")
+
+
+class ModeFollower(Protocol):
+    """The session's step modes as the plan's lifecycle and the binding drive them
+    (runtime/modes/choice.py, StepModes, which imports this module)."""
+
+    @property
+    def runner(self) -> OverlapRunner | None: ...
+    def bind(self, runner: OverlapRunner | None) -> None: ...
+    def unbind(self) -> OverlapRunner | None: ...
+    def follow(self, plan: Plan, overlaps: bool) -> None: ...
+    def shard(self, sharded_plan: bool) -> None: ...
+    def finish(self) -> None: ...
 
 # Note [Planning from the steady state]
 # The profiling steps are the run's first iterations: warm-up (a Transformer's backward took
@@ -100,7 +114,7 @@ class Scaling:
 
 class PlanLifecycle:
     def __init__(self, world: World, config: Config, specs: list[TensorSpec],
-                 engine: EngineHandle, modes: StepModes, scaling: Scaling) -> None:
+                 engine: EngineHandle, modes: ModeFollower, scaling: Scaling) -> None:
         self._world = world
         self._config = config
         self._specs = specs
@@ -357,7 +371,7 @@ class PlanLifecycle:
 
     def finish_updates(self) -> None:
         """Applies the updates an overlap plan defers, before the plan or the wire changes."""
-        self._modes.current.finish()
+        self._modes.finish()
 
     def install(self, plan: Plan) -> None:
         self.finish_updates()

@@ -41,7 +41,6 @@ from .overlap_support import GatherPacing, ModuleProfile, apply_before_state_dic
 from .piecewise import PiecewiseUpdate
 
 if TYPE_CHECKING:
-    from .compressed import CompressedGradients
     from .engine import EngineHandle
 
 
@@ -102,10 +101,6 @@ class OverlapRunner:
         self._gathers = GatherPacing(engine)  # DeAR's all-gathers of the open iteration
         self._handles: list[Any] = []
         self._root_name = ""
-        # A lossy compressor's gradients, rebuilt just before their group's update (Note
-        # [Compression under an overlap plan]); set by the session, on while it compresses.
-        self.compressed: CompressedGradients | None = None
-        self.decompress_scale = 1.0
         self.mode = HookMode.OFF
         self.active = False
         self._sampled = False  # whether the coming forward pass records module times
@@ -169,8 +164,9 @@ class OverlapRunner:
         # under; a plan is installed only on an idle engine (PlanLifecycle.install finishes the
         # runner first, load_state_dict flushes), so none is open here.
         assert not self.open, "commsched: an overlap plan was activated inside an iteration"
-        compressed = self.compressed if self.compressed is not None and self.compressed.on \
-            else None
+        # A lossy compressor's gradients are rebuilt just before their group's update (Note
+        # [Compression under an overlap plan] in compressed.py).
+        compressed = self._engine.comm_hook.running()
         order = self.modules.order or [self._root_name]  # none recorded: all at the root
         layout = self._layout = plan_layout(plan, self._params, order, self._owned,
                                             set(self._named), self._root_name, compressed)
@@ -299,12 +295,12 @@ class OverlapRunner:
             engine.span("update", started, tensors=len(params))
 
     def _decompress(self, slots: list[int]) -> None:
-        assert self.compressed is not None
+        hook = self._engine.comm_hook
         decompressed = self._layout.decompressed
         for s in slots:
             index = decompressed.get(s)
             if index is not None:
-                self.compressed.decompress(index, self._grads[s], self.decompress_scale)
+                hook.decompress(index, self._grads[s])
 
     # -- module hooks -------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from ..sim.overlap import completing_blocks
 from .overlap_support import hook_places
 
 if TYPE_CHECKING:
-    from .compressed import CompressedGradients
+    from .comm_hook import RunningCompressor
 
 
 @dataclass
@@ -97,7 +97,7 @@ def first_users(order: list[str], owned: dict[str, list[int]]) -> dict[int, str]
 
 def plan_layout(plan: Plan, params: list[torch.Tensor], order: list[str],
                 owned: dict[str, list[int]], module_names: set[str], root_name: str,
-                compressed: CompressedGradients | None) -> PlanLayout:
+                compressed: RunningCompressor | None) -> PlanLayout:
     """The plan's update groups (one per first-user module when the plan has none) as the
     runner applies them; `compressed`: the lossy compressor while it runs, else None."""
     needs = completing_blocks(plan, compressed.layout.carriers if compressed else None)

@@ -26,12 +26,10 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Generic, TypeVar, cast
 
 import torch
 
-from .. import _C
 from ..config import Config
 from ..plan import Plan
 from ..world import World, registry
@@ -46,6 +44,7 @@ from .engine import EngineHandle
 from .gradient_hooks import GradientHooks
 from .lifecycle import PlanLifecycle
 from .modes import StepMode, StepModes
+from .overlap import OverlapRunner
 from .release import Resources, release, release_orphans
 from .sharded import ShardedState
 from .sparse import SparseExchange, sparse_parameter_ids
@@ -126,13 +125,13 @@ class Session:
         self.binding.bind(iteration_reader(self), self.accumulation.passes)
         intake = self.accumulation.intake
         intake.set_engine(self.engine.native)  # also an elastic job's new one
-        for tid in [] if self.compressed is None else self.compressed.ids:
+        for tid in self.engine.comm_hook.python_ids:
             intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
         elastic_job = self.binding.elastic
         if elastic_job:  # a joining worker starts at 0: rank 0 holds the committed position
             self.iteration = int(self.binding.formed.broadcast_object(self.iteration))
         self.modes.plain.decide_at_bind(self.world, elastic_job, bool(self.routed),
-                                        self.compressed is not None, self.config)
+                                        self.engine.comm_hook.works_alone, self.config)
         self.binding.start(self.iteration)
 
     @property
@@ -146,6 +145,16 @@ class Session:
             raise RuntimeError("commsched: in an elastic Horovod job the plan is made at the "
                                "first step, with the world of that step")
         return self.lifecycle.plan
+
+    @property
+    def elastic(self) -> bool:
+        """Whether this is an elastic Horovod job (Note [Elastic Horovod])."""
+        return self.binding.elastic
+
+    @property
+    def overlap_runner(self) -> OverlapRunner | None:
+        """The runner of this world's overlap plans, where the model may overlap."""
+        return self.modes.runner
 
     @property
     def mode(self) -> StepMode:
@@ -191,8 +200,9 @@ class Session:
         runner = self.modes.runner
         if runner is not None:  # Note [No forward pass on a pending update]
             runner.guard.after_backward(self.accumulation.received, self.iteration)
-        if not self.hooks.all_handed_over(intake) or self.compressed is not None:
-            self.hooks.launch_rest(intake, self.params, self.engine, self.compressed,
+        self.engine.comm_hook.launch_rest()
+        if not self.hooks.all_handed_over(intake):
+            self.hooks.launch_rest(intake, self.params, self.engine,
                                    self.modes.plain.lacked_gradient, runner is None)
 
     def synchronize(self) -> None:
@@ -214,31 +224,17 @@ class Session:
         else:  # Under an overlap plan (synchronize() before a clipped or scaled step) DeAR's
             # all-gathers would wait for the next forward pass: every gradient is wanted now.
             engine.release_forward_blocks()
-        compressed = self.compressed if self.compressed is not None and self.compressed.on \
-            else None
-        if compressed is not None:
-            self.second_round(compressed)
+        engine.comm_hook.before_wait(self.plan)
         if self.routed:
             self.sparse.exchange()  # while the engine's thread reduces the dense blocks
         engine.wait()
         if sharded is not None:
             sharded.finish()
-        if compressed is not None:
-            started = _C.now_us()
-            compressed.finish(self.binding.lossy_scale)
-            self.engine.span("decompress", started)
-            self.engine.profiler.note("compression_s", compressed.take_busy_s())
+        engine.comm_hook.after_wait()
         if self.hooks.densified:
             self.hooks.resparsify(self.params)
         self.end_iteration()
         self.modes.maybe_pass_through()
-
-    def second_round(self, compressed: CompressedGradients,
-                     before_wait: Callable[[int], None] | None = None) -> None:
-        """The compressor's second round (PowerSGD's Qs), on the timeline as one span."""
-        started = _C.now_us()
-        compressed.release_late(self.plan, before_wait)
-        self.engine.span("compress", started, what="orthogonalise P, Q = M^T P")
 
     @property
     def sharded(self) -> ShardedState | None:
@@ -250,8 +246,7 @@ class Session:
         self.iteration += 1
         if self.engine.timeline:
             self.engine.mark(f"iteration {self.iteration}")
-        if self.compressed is not None:
-            self.compressed.switch_on_at(self.iteration, self.lifecycle)
+        self.engine.comm_hook.iteration_ended(self.iteration)
         self.lifecycle.iteration_ended(self.iteration)
 
     def flush(self, pause: bool = False) -> None:

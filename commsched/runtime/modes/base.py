@@ -16,18 +16,81 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ...world import registry
 
 if TYPE_CHECKING:
-    from ...step_protocol import StepProtocol
-    from ..session import Session
+    from ...config import Config
+    from ...plan import Plan
+    from ..accumulation import Accumulation
+    from ..clock import StepClock
+    from ..deferred import DeferredUpdates
+    from ..elastic import ElasticGuard
+    from ..engine import EngineHandle
+    from ..gradient_hooks import GradientHooks
+    from ..lifecycle import PlanLifecycle
+    from ..overlap import OverlapRunner
+    from ..sharded import ShardedState
+    from ..sparse import SparseExchange
+    from ..step_vote import NoVote, StepVote
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 activity = registry.activity
+
+
+class StepRules(Protocol):
+    """Horovod's synchronize()/step() flags (commsched.step_protocol.StepProtocol)."""
+
+    @property
+    def reduces(self) -> bool: ...
+    def before_update(self, synchronize: Callable[[], None]) -> None: ...
+
+
+class ModeSwitch(Protocol):
+    """What a mode asks of the session's StepModes (choice.py)."""
+
+    runner: OverlapRunner | None
+    def maybe_pass_through(self) -> None: ...
+
+
+class ModeSession(Protocol):
+    """What the modes read of the session that holds them (runtime/session.py, which imports
+    this package)."""
+
+    iteration: int
+    config: Config
+    deferred: DeferredUpdates
+    params: list[torch.Tensor]
+    routed: list[tuple[str, torch.Tensor]]
+    accumulation: Accumulation
+    hooks: GradientHooks
+    elastic_guard: ElasticGuard
+    vote: NoVote | StepVote
+
+    @property
+    def modes(self) -> ModeSwitch: ...
+    @property
+    def engine(self) -> EngineHandle: ...
+    @property
+    def clock(self) -> StepClock: ...
+    @property
+    def lifecycle(self) -> PlanLifecycle: ...
+    @property
+    def sparse(self) -> SparseExchange: ...
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def sharded(self) -> ShardedState | None: ...
+    @property
+    def elastic(self) -> bool: ...
+    def bind(self) -> None: ...
+    def flush(self, pause: bool = False) -> None: ...
+    def reduce(self, sharded: ShardedState | None = None) -> None: ...
+    def launch_rest(self) -> None: ...
+    def end_iteration(self) -> None: ...
 
 
 class ModeKind(enum.Enum):
@@ -52,17 +115,17 @@ class StepMode:
     # Whether step() leaves the update to the next forward pass.
     defers_updates = False
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: ModeSession) -> None:
         self.session = session
 
     def first_gradient(self) -> None:
-        """The mode's part of an iteration's first gradient (Session.first_gradient)."""
+        """The mode's part of an iteration's first gradient (ModeSession.first_gradient)."""
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros."""
         raise NotImplementedError
 
-    def step(self, optimizer: torch.optim.Optimizer, protocol: StepProtocol,
+    def step(self, optimizer: torch.optim.Optimizer, protocol: StepRules,
              synchronize: Callable[[], None], closure: Any) -> Any:
         """DistributedOptimizer.step() without GradScaler: reduce where `protocol` says so (with
         `synchronize`, the wrapper's, which records it), then update.
@@ -84,10 +147,10 @@ class StepMode:
         """Applies every update the mode still holds (flush())."""
 
 
-def forward_begins(session: Session) -> None:
+def forward_begins(session: ModeSession) -> None:
     """Publishes that the next forward pass begins (after a step)."""
     activity.now = ("forward", time.monotonic(), session.iteration)
 
 
-def step_begins(session: Session) -> None:
+def step_begins(session: ModeSession) -> None:
     activity.now = ("step", time.monotonic(), session.iteration)

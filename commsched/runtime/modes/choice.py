@@ -14,16 +14,16 @@ from .synchronous import SynchronousMode
 
 if TYPE_CHECKING:
     from ..overlap import OverlapRunner
-    from ..session import Session
+    from .base import ModeSession
 
 
 class StepModes:
-    """Held by a Session: one object per mode, the one that runs, and the overlap runner that
+    """Held by a ModeSession: one object per mode, the one that runs, and the overlap runner that
     the overlap modes drive (made at each bind where the model may overlap: binding.py). The
     plan's lifecycle calls `follow` and `shard` as it installs plans; the session calls
     `maybe_pass_through` and `resume`."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: ModeSession) -> None:
         self._synchronous = SynchronousMode(session)
         self._overlap = OverlapMode(session)
         self._sharded = ShardedMode(session)
@@ -88,6 +88,10 @@ class StepModes:
             self.planned = self._overlap if self._overlaps else self._synchronous
         if self.current is not self.plain:
             self.current = self.planned
+
+    def finish(self) -> None:
+        """Applies every update the mode in place still holds."""
+        self.current.finish()
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of the runner: whether the plan defers its updates (resting

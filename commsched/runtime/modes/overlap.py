@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ModeKind, forward_begins, step_begins
+from .base import ModeKind, StepRules, forward_begins, step_begins
 from .synchronous import SynchronousMode
 
 if TYPE_CHECKING:
-    from ...step_protocol import StepProtocol
     from ..overlap import OverlapRunner
 
 
@@ -34,7 +33,7 @@ class OverlapMode(SynchronousMode):
         if session.engine.sampling:
             session.clock.first_gradient(runner.update_seconds_so_far())
 
-    def step(self, optimizer: torch.optim.Optimizer, protocol: StepProtocol,
+    def step(self, optimizer: torch.optim.Optimizer, protocol: StepRules,
              synchronize: Callable[[], None], closure: Any) -> Any:
         if not protocol.reduces:  # after synchronize(): every gradient is final, update now
             return super().step(optimizer, protocol, synchronize, closure)
@@ -64,11 +63,7 @@ class OverlapMode(SynchronousMode):
         shard_step = self._shard_step()
         runner.gathers_parameters = shard_step is not None
         runner.begin(shard_step)
-        compressed = session.compressed
-        if compressed is not None and compressed.on:  # Note [Compression under an overlap plan]
-            session.second_round(compressed, before_wait=runner.release_for)
-            compressed.end_round()
-            session.engine.profiler.note("compression_s", compressed.take_busy_s())
+        session.engine.comm_hook.deferred_round(session.plan, runner.release_for)
         # Sparse rows are few and updated now, at step(), while dense blocks are deferred.
         if session.routed:
             session.sparse.exchange()

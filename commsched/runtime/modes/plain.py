@@ -41,11 +41,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ModeKind, StepMode
+from .base import ModeKind, StepMode, StepRules
 
 if TYPE_CHECKING:
     from ...config import Config
-    from ...step_protocol import StepProtocol
     from ...world import World
 
 
@@ -61,11 +60,11 @@ class PlainMode(StepMode):
         # and from the start where the world or the options rule it out (set at each bind).
         self.possible = False
 
-    def decide_at_bind(self, world: World, elastic: bool, routed: bool, compresses: bool,
+    def decide_at_bind(self, world: World, elastic: bool, routed: bool, hook_works_alone: bool,
                        config: Config) -> None:
         """At bind: whether this session could ever step as the plain optimizer."""
         self.possible = (world.size == 1 and not elastic and not routed
-                         and not compresses and not config.timeline)
+                         and not hook_works_alone and not config.timeline)
 
     def lacked_gradient(self) -> None:
         """Some gradient was missing at step(): this session steps through the engine for good."""
@@ -74,7 +73,7 @@ class PlainMode(StepMode):
     def synchronize(self) -> None:
         self.session.iteration += 1
 
-    def step(self, optimizer: torch.optim.Optimizer, protocol: StepProtocol,
+    def step(self, optimizer: torch.optim.Optimizer, protocol: StepRules,
              synchronize: Callable[[], None], closure: Any) -> Any:
         if not protocol.reduces:
             return super().step(optimizer, protocol, synchronize, closure)

@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ModeKind, forward_begins, step_begins
+from .base import ModeKind, StepRules, forward_begins, step_begins
 from .overlap import OverlapMode
 from .synchronous import SynchronousMode
 
 if TYPE_CHECKING:
-    from ...step_protocol import StepProtocol
     from ..sharded import ShardedState
 
 SHARDED_STEP = (
@@ -24,7 +23,7 @@ SHARDED_STEP = (
     "reduce-scatters and takes no closure and no skip_synchronize()")
 
 
-def _follow_plan(sharded: ShardedState | None, protocol: StepProtocol, closure: Any
+def _follow_plan(sharded: ShardedState | None, protocol: StepRules, closure: Any
                  ) -> ShardedState:
     assert sharded is not None, "a sharded mode runs where the session shards"
     moved = sharded.follow_plan()
@@ -37,7 +36,7 @@ def _follow_plan(sharded: ShardedState | None, protocol: StepProtocol, closure: 
 class ShardedMode(SynchronousMode):
     kind = ModeKind.SHARDED
 
-    def step(self, optimizer: torch.optim.Optimizer, protocol: StepProtocol,
+    def step(self, optimizer: torch.optim.Optimizer, protocol: StepRules,
              synchronize: Callable[[], None], closure: Any) -> Any:
         session = self.session
         sharded = _follow_plan(session.sharded, protocol, closure)
@@ -50,7 +49,7 @@ class ShardedMode(SynchronousMode):
 class ShardedOverlapMode(OverlapMode):
     kind = ModeKind.SHARDED_OVERLAP
 
-    def step(self, optimizer: torch.optim.Optimizer, protocol: StepProtocol,
+    def step(self, optimizer: torch.optim.Optimizer, protocol: StepRules,
              synchronize: Callable[[], None], closure: Any) -> Any:
         _follow_plan(self.session.sharded, protocol, closure)
         self.step_deferred()

@@ -19,7 +19,7 @@ class SynchronousMode(StepMode):
 
     def synchronize(self) -> None:
         session = self.session
-        if session.binding.elastic:  # no gradient in this iteration here; the world may change
+        if session.elastic:  # no gradient in this iteration here; the world may change
             session.elastic_guard.rebind_if_stale(session.bind)
         step_begins(session)
         session.flush()
