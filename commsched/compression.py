@@ -8,7 +8,8 @@ compressor is a description of the cast; ``compress``/``decompress`` keep Horovo
 convention for code that uses them directly.
 
 ``Compression.powersgd(...)`` and ``Compression.topk(...)`` return configurations: the run
-(commsched.runtime.compressed) turns them into extra wire tensors of the plan. The math itself
+(commsched.runtime.compression.gradients) turns them into extra wire tensors of the plan. The math
+itself
 is in compression_math.py.
 """
 
@@ -150,7 +151,8 @@ class TopK:
     Each compressed gradient (plus this rank's residual) sends the `ratio` share of its entries
     largest in magnitude; the rest is kept as the residual for the next step (error feedback).
     Under torch's SGD with momentum, DGC's momentum correction and masking instead
-    (commsched/runtime/momentum.py). Every rank sends exactly k values and k indices, a
+    (commsched/runtime/compression/dgc_momentum.py). Every rank sends exactly k values and k
+    indices, a
     fixed-size all-gather (docs/compression.md).
 
     Attributes:

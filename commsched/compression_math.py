@@ -226,7 +226,8 @@ def sgd_momentum_factor(momentum: float, dampening: float, nesterov: bool,
     `first_step`: the buffer is absent, and SGD fills it with the gradient itself, undamped.
     Without Nesterov the update is the buffer, (1 - dampening) g (g on the first step); with
     it, g + m x buffer. Dividing the gradient by this factor makes the update exactly what was
-    handed over (Note [DGC under the user's momentum] in commsched/runtime/momentum.py).
+    handed over (Note [DGC under the user's momentum] in
+    commsched/runtime/compression/dgc_momentum.py).
     """
     kept = 1.0 if first_step else 1.0 - dampening
     return 1.0 + momentum * kept if nesterov else kept

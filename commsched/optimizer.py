@@ -20,12 +20,12 @@ from .config import load_config
 from .ops import Average, ReduceOp, resolve_op
 from .params import refuse_data_parallel, resolve_groups, resolve_names
 from .plan import Plan
-from .runtime import checkpoint
-from .runtime.auto import AutoState
+from .runtime import checkpoint_entry as checkpoint
 from .runtime.deferred import adopt_plain_attributes
 from .runtime.modes import ModeKind
+from .runtime.modes.shard_state import check_sharding_allowed, whole_state_dict
+from .runtime.planning.auto.state import AutoState
 from .runtime.session import Session
-from .runtime.sharded import check_sharding_allowed, whole_state_dict
 from .runtime.wrap import WrapOptions
 from .step_protocol import StepProtocol
 
@@ -356,7 +356,7 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     order they go. The first ``profile_steps`` steps profile; then every rank builds the same
     plan from the world's profile (docs/policies.md). A dropped wrapper releases its engine's
     threads and process groups. Models compiled with ``torch.compile`` run under every policy
-    (Note [Module hooks under torch.compile] in runtime/overlap_support.py).
+    (Note [Module hooks under torch.compile] in runtime/modes/overlap/support.py).
 
     Args:
         optimizer: the torch optimizer to wrap; it keeps its param groups, hyper-parameters and
@@ -455,6 +455,6 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     native_amp_scaling = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     wrapped._cs_setup(Session(wrapped, optimizer.__class__, named, options, config),
                       native_amp_scaling)
-    if lossy is not None:  # top-k's momentum correction (runtime/momentum.py)
+    if lossy is not None:  # top-k's momentum correction (runtime/compression/dgc_momentum.py)
         wrapped.session.binding.correct_momentum(wrapped, average=reduce_op is ReduceOp.AVERAGE)
     return wrapped

@@ -134,7 +134,7 @@ def eager_hook(hook: Any) -> Any:
     """`hook` run eagerly when a module it is registered on runs inside ``torch.compile``:
     dynamo would otherwise trace into it (an optimizer step, clocks, the engine's waits) and
     fail or bake them into the graph; instead the graph breaks at the call (Note [Module hooks
-    under torch.compile] in runtime/overlap_support.py)."""
+    under torch.compile] in runtime/modes/overlap/support.py)."""
     return torch.compiler.disable(hook, recursive=True)
 
 
@@ -146,7 +146,7 @@ def guard_module_hooks() -> None:
 
     By default dynamo does not guard on module hooks (``skip_nnmodule_hook_guards``): a graph
     traced while a module had none is run again after an overlap plan hooked it, and its updates
-    are skipped (Note [No forward pass on a pending update] in runtime/overlap_guard.py). This
+    are skipped (Note [No forward pass on a pending update] in runtime/modes/overlap/guard.py). This
     turns the guards on, once per process, where dynamo is loaded; graphs traced before without
     them are dropped (``torch._dynamo.reset()``: they re-trace at their next call). Where dynamo
     is not loaded yet nothing was traced: the next call (the runner's next hook change) sets it.

@@ -1,6 +1,6 @@
 // What the engine reports after the fact: the last iteration's ready times and block timings
 // (read from device events where the tensors live on a device: Note [Which clock] in
-// runtime/profiler.py), the timeline's device spans, and, for an error, which blocks are unfinished
+// runtime/engine/profiler.py), the timeline's device spans, and, for an error, which blocks are unfinished
 // and why.
 #include "engine.h"
 

@@ -3,7 +3,8 @@
 A Note is defined the way PyTorch's DDP defines its own: a title line that holds only
 ``Note [Title]``, in a comment (``#``, ``//``) or a docstring, optionally underlined with ``~``,
 and its body on the lines below. Anything else that names a Note is a reference, running text
-such as ``see Note [Title]`` or ``(Note [Title] in runtime/lifecycle.py)``; a reference may wrap
+such as ``see Note [Title]`` or ``(Note [Title] in runtime/planning/lifecycle.py)``; a reference
+may wrap
 across lines of a comment. A reference that names a file (``Note [Title] in <file>``,
 ``Note [Title], <file>``, ``Note [Title] (<file>)``, ``(<file>, Note [Title]`` or a dotted
 module such as ``commsched.world.broadcast``) must name the file that defines the Note, by a

@@ -6,7 +6,7 @@ compressed tensors (rank 4, the default min_ratio). Two tables:
   comparison);
 - the two products P = M Q and Q = M^T P with Q stored m x r row-major (DDP's PowerSGD hook's
   layout, and commsched's before) against Q stored as r x m rows (Note [Q is kept transposed]
-  in commsched/runtime/compressed.py).
+  in commsched/runtime/compression/gradients.py).
 
 Interleaved rounds, median per iteration. Not a benchmark of training:
 benchmarks/compression_speed is that.

@@ -6,7 +6,8 @@ The runs use commsched's DistributedOptimizer itself (the engine, the compressed
 error feedback) in a world of one: compressors run there too (docs/compression.md), on the
 whole batch. Every variant trains with SGD momentum 0.9, so top-k runs with Deep Gradient
 Compression's momentum correction (issue 55; Note [DGC under the user's momentum] in
-commsched/runtime/momentum.py). Writes results.json and README.md to --out; the uncompressed
+commsched/runtime/compression/dgc_momentum.py). Writes results.json and README.md to --out; the
+uncompressed
 run is the reference line of the table.
 
     python -m benchmarks.harness.compression_convergence --out benchmarks/compression_convergence

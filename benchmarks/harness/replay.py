@@ -5,7 +5,7 @@ Each step of a history names the ranks whose gradients it averaged; their batche
 (step, rank). Under a lossy compressor the replay runs every rank's compressor with
 compression_math's single-process simulations, each rank's state starting afresh wherever the
 job bound to a new world (Note [Elastic Horovod and compressor state] in
-commsched/runtime/elastic.py). K-FAC is replayed in a world of one on the step's batches
+commsched/runtime/elastic_guard.py). K-FAC is replayed in a world of one on the step's batches
 concatenated, which averages the same gradients and factors.
 """
 

@@ -4,7 +4,7 @@ each process's peak RSS is that mode's alone.
 Run under horovodrun (or torchrun). Each rank builds the model (benchmarks/real's reduced
 inputs, full-size parameters), wraps Adam (two state tensors per parameter, the case sharding is
 for) with `--mode`, trains `--steps` steps and reports the optimizer state it holds
-(commsched.runtime.sharded.state_bytes: the wrapper's state and its slices; torch's
+(commsched.runtime.modes.shard_state.state_bytes: the wrapper's state and its slices; torch's
 ZeroRedundancyOptimizer's local shard) and its peak RSS; rank 0 appends one JSON line to
 `--out`. No profiling steps (profile_steps=0: dear plans from its defaults), because they run
 unsharded and their whole state would set every mode's peak. scripts/bench_shard.sh runs the
@@ -29,7 +29,7 @@ from torch import nn
 import commsched
 from commsched.bench.compare import make_optimizer, zero_redundancy
 from commsched.bench.models import MODEL_CHOICES, batch, build, loss_fn, model_name
-from commsched.runtime.sharded import state_bytes
+from commsched.runtime.modes.shard_state import state_bytes
 from commsched.torch_compat import ddp_kwargs
 
 MODES = ("plain", "sharded", "torch-zero")

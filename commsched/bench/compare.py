@@ -29,7 +29,7 @@ from torch import nn
 import commsched
 
 from ..outputs import OutputPathError, prepare_dir
-from ..runtime.sharded import state_bytes
+from ..runtime.modes.shard_state import state_bytes
 from ..torch_compat import ddp_kwargs
 from ..world.errors import import_horovod
 from .candidate import LOCAL, Candidate

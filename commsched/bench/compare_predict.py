@@ -13,7 +13,7 @@ import commsched
 
 from ..compression import LossyCompression
 from ..config import Policy
-from ..runtime.world_profile import (
+from ..runtime.planning.world_profile import (
     IterationRow,
     critical_rank,
     document_samples,
@@ -30,7 +30,7 @@ class PredictionInput:
     """What one commsched candidate's prediction is made from, read once on rank 0: the
     profile as it stands at the end of the run (the settled plan's window; the one
     written when the profiling steps ended still holds warm-up iterations) on the rank the
-    others waited for, with every rank's compute (runtime/world_profile.py), the policy
+    others waited for, with every rank's compute (runtime/planning/world_profile.py), the policy
     whose plan it runs (`auto`'s choice for auto), and what a lossy compressor needs."""
 
     index: int  # position in --candidates: the N of candidate<N>.json
@@ -45,7 +45,7 @@ class PredictionInput:
 @dataclass(frozen=True)
 class RankProfile:
     """One rank's end-of-run profile of one candidate, and its sampled iterations (Note [Every
-    rank's gradients] in runtime/world_profile.py)."""
+    rank's gradients] in runtime/planning/world_profile.py)."""
 
     document: dict
     rows: list[IterationRow]

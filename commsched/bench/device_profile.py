@@ -14,7 +14,8 @@ Writes DIR/profile.json (the profile) and DIR/recording.json (what was run, and 
 Note [Device time on the host's clock]
 The profile's compute figures (before_first_ready_s, the modules' forward times, step_s) are
 stretches of the training thread on the host's clock (Note [Which clock] in
-runtime/profiler.py). On a GPU the host only enqueues kernels, so those stretches would time the
+runtime/engine/profiler.py). On a GPU the host only enqueues kernels, so those stretches would time
+the
 launches, not the work. The recording therefore runs with CUDA_LAUNCH_BLOCKING=1: each launch
 returns once its kernel is done, and the host's clock times the device's work plus one launch
 latency per kernel. The variable is read when CUDA starts (even `torch.cuda.is_available()`

@@ -1,6 +1,7 @@
 """Checks the simulator against measurement: each commsched candidate's own profile at the end
 of its run (the world's: the collectives of the rank the others waited for and every rank's
-compute, runtime/world_profile.py) and its installed plan are simulated, and the prediction is
+compute, runtime/planning/world_profile.py) and its installed plan are simulated, and the
+prediction is
 set beside the measured median."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ..plan import (
     plan_from_dict,
     plan_to_dict,
 )
-from ..runtime.engine import EngineHandle
+from ..runtime.engine.handle import EngineHandle
 from ..world import World, check_identical
 
 log = logging.getLogger("commsched")

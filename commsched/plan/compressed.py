@@ -71,7 +71,8 @@ INDEX_DTYPE, INDEX_SIZE = "int32", 4
 
 def powersgd_wire(label: str, factored: Sequence[Factored], first_id: int) -> WireLayout:
     """The wire tensors of PowerSGD: per gradient a P (rows x rank), then per gradient a Q
-    (cols x rank), with ids from `first_id` on. The run (commsched.runtime.compressed) and the
+    (cols x rank), with ids from `first_id` on. The run (commsched.runtime.compression.gradients)
+    and the
     simulator both build the layout here, so the simulated sizes are the real ones."""
     p_specs = [TensorSpec(first_id + i, f"{f.spec.name}/powersgd.P", f.rows * f.rank,
                           f.spec.dtype, f.spec.element_size, forward_index=f.spec.tensor_id)

@@ -2,7 +2,7 @@
 of them per iteration, where a block cannot be reduced in the gradient's own memory. The rules
 mirror csrc/fusion_buffer.cpp (Note [A partition is reduced in place], Note [An all-gather
 lands in the gradient it came from]); the simulator does not charge these copies, `auto`
-breaks its ties by them (Note [Fewer copies break a tie] in runtime/auto_trials.py)."""
+breaks its ties by them (Note [Fewer copies break a tie] in runtime/planning/auto/trials.py)."""
 
 from __future__ import annotations
 

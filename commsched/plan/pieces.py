@@ -1,6 +1,7 @@
 """The pieces of an update group's update: where a group of partitioned tensors is stepped piece
 by piece as its blocks land (Note [A large group is updated piece by piece] in
-commsched/runtime/piecewise.py). Pure: the runtime's overlap layout and the simulator cut a
+commsched/runtime/modes/overlap/piecewise.py). Pure: the runtime's overlap layout and the simulator
+cut a
 group the same way."""
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ balanced by bytes by construction (per block, at most N - 1 elements of padding,
 ranks), identical on every rank because the plan is (its fingerprint is compared before it is
 installed), and no table of owners to agree on. The price: a slice cuts parameters, so only an
 optimizer that updates each element from that element's gradient and state can step it (SGD,
-Adam, AdamW, ... ; runtime/sharded.py keeps the list), and the slices move when the plan does
-(runtime/sharded.py re-shards the state then).
+Adam, AdamW, ... ; runtime/modes/shard_state.py keeps the list), and the slices move when the plan
+does
+(runtime/modes/shard_state.py re-shards the state then).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def layerwise_decoupled(specs: list[TensorSpec], profile: Profile) -> tuple[Bloc
 # holds a wait of the same kind: a large collective ends at different times on the ranks, and
 # the next block, on the rank that finished first, waits for the others to launch it (2 ranks:
 # the blocks after the 4 MB pair and the 8 MB all-reduce of the CNN). The general mend belongs
-# to the fit (runtime/collective_fit.py), not to this plan.
+# to the fit (runtime/engine/collective_fit.py), not to this plan.
 
 
 def _block_numel(block: Block) -> int:

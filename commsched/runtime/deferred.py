@@ -25,8 +25,8 @@ import torch
 
 from .. import _C
 from ..torch_compat import unhooked_step
-from .clock import UpdateTimer
-from .profiler import EventSpan
+from .engine.profiler import EventSpan
+from .engine.step_clock import UpdateTimer
 
 
 class HyperParameterSnapshots:
@@ -158,7 +158,8 @@ def grouped_optimizer(base_cls: type[torch.optim.Optimizer], user: torch.optim.O
                       ) -> torch.optim.Optimizer:
     """An instance of `base_cls` that steps `members[i]` with the hyper-parameters of `user`'s
     param group i (views of it, refreshed by `snapshots`) and keeps its state in `state`: a
-    subset of the user's parameters (block_optimizer), or slices of them (runtime/sharded.py).
+    subset of the user's parameters (block_optimizer), or slices of them
+    (runtime/modes/shard_state.py).
     """
     sub = object.__new__(base_cls)
     params = [p for group in members for p in group]
@@ -258,7 +259,7 @@ class DeferredUpdates:
     def slices(self, members: list[list[torch.Tensor]],
                state: collections.defaultdict[torch.Tensor, Any]) -> torch.optim.Optimizer:
         """A sub-optimizer of flat slices of the user's parameters, `members[i]` in param group
-        i, keeping their state in `state` (runtime/piecewise.py)."""
+        i, keeping their state in `state` (runtime/modes/overlap/piecewise.py)."""
         return grouped_optimizer(self._base_cls, self.user, members, self._snapshots, state)
 
     def apply(self, params: list[torch.Tensor], grads: list[torch.Tensor] | None = None,

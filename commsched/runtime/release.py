@@ -15,9 +15,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .engine import EngineHandle
-from .overlap import OverlapRunner
-from .sparse import SparseExchange
+from .engine.handle import EngineHandle
+from .intake.sparse_route import SparseExchange
+from .modes.overlap.runner import OverlapRunner
 
 
 @dataclass

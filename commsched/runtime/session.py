@@ -10,7 +10,7 @@ What happens to one gradient (read top to bottom):
     step():    the step mode in place (modes/): the synchronous one reduces what was not
                produced (as zeros), waits for every block, and the user's optimizer steps as
                usual; the overlap one launches the rest and returns, and the runner applies each
-               group's update in the next forward pass (commsched.runtime.overlap)
+               group's update in the next forward pass (commsched.runtime.modes.overlap.runner)
 DistributedOptimizer keeps Horovod's surface and delegates everything else here. A session
 holds: its WorldBinding (binding.py: what it makes for the world it runs in), its GradientHooks
 (gradient_hooks.py: every hook it registers, and what the gradient intake leaves to Python), its
@@ -34,21 +34,21 @@ from ..config import Config
 from ..plan import Plan
 from ..world import World, registry
 from ..world.errors import elastic
-from .accumulation import Accumulation
-from .binding import WorldBinding, iteration_reader
-from .clock import StepClock
-from .compressed import CompressedGradients
+from .compression.gradients import CompressedGradients
 from .deferred import DeferredUpdates
-from .elastic import ElasticGuard, refuse_in_elastic_job
-from .engine import EngineHandle
-from .gradient_hooks import GradientHooks
-from .lifecycle import PlanLifecycle
+from .elastic_guard import ElasticGuard, refuse_in_elastic_job
+from .engine.handle import EngineHandle
+from .engine.step_clock import StepClock
+from .intake.accumulation import Accumulation
+from .intake.gradient_hooks import GradientHooks
+from .intake.sparse_route import SparseExchange, sparse_parameter_ids
 from .modes import StepMode, StepModes
-from .overlap import OverlapRunner
+from .modes.overlap.runner import OverlapRunner
+from .modes.shard_state import ShardedState
+from .planning.lifecycle import PlanLifecycle
 from .release import Resources, release, release_orphans
-from .sharded import ShardedState
-from .sparse import SparseExchange, sparse_parameter_ids
 from .step_vote import NoVote, StepVote
+from .world_binding import WorldBinding, iteration_reader
 from .wrap import WrapOptions, make_specs
 
 T = TypeVar("T")
@@ -252,7 +252,7 @@ class Session:
     def flush(self, pause: bool = False) -> None:
         """Applies every update still pending from cross-iteration overlap. `pause`: the user
         called it, and the training loop stops here (Note [A pause is not compute] in
-        clock.py)."""
+        engine/step_clock.py)."""
         self.mode.finish()
         if pause and self.bound:  # unbound (an elastic job before its first step): no clock
             self.clock.pause()

@@ -30,7 +30,8 @@ class WrapOptions:
     group_of: dict[int, int]
     sparse_as_dense: bool
     model: Any
-    lossy: LossyCompression | None = None  # PowerSGD or top-k (commsched.runtime.compressed)
+    # PowerSGD or top-k (commsched.runtime.compression.gradients)
+    lossy: LossyCompression | None = None
     process_set: Any = None  # Horovod's: an hvd.ProcessSet or a list of ranks; None: every rank
 
 

@@ -20,7 +20,8 @@ from typing import Protocol
 from ..plan import Collective, NetModel
 from .profile import OP_NAMES
 
-# The profiler's own fallback cost model (commsched.runtime.profiler.DEFAULT_NET): used when a
+# The profiler's own fallback cost model (commsched.runtime.engine.profiler.DEFAULT_NET): used when
+# a
 # profile has no fitted all-reduce, e.g. the built-in profiles, which carry compute only.
 DEFAULT_ALLREDUCE = NetModel()
 
@@ -170,7 +171,7 @@ class FittedNetwork:
 # loopback) one all-reduce of every CNN gradient measured longer than the fits of dear's profile
 # gave, in all, its reduce-scatters and all-gathers, the same bytes on the wire: dear was
 # predicted short in each of five runs. The service times of the rank the others wait for
-# (runtime/world_profile.py) start when it launches, after the earlier ranks' first chunks
+# (runtime/planning/world_profile.py) start when it launches, after the earlier ranks' first chunks
 # already sit in its sockets' buffers, and a block after an idle gap rides the token bucket's
 # burst (scripts/netem.sh): either shortens one block, neither adds bandwidth over an
 # iteration. Single blocks do beat the bulk rate, so a per-block floor is wrong (it predicted

@@ -1,4 +1,5 @@
-"""Cross-iteration overlap (bytescheduler, prophet, dear), as commsched/runtime/overlap.py runs
+"""Cross-iteration overlap (bytescheduler, prophet, dear), as
+commsched/runtime/modes/overlap/runner.py runs
 it.
 
 step() launches what is left and returns at once. In the next forward pass (modules in profiled
@@ -10,7 +11,8 @@ parameter):
   2. waits until the group's last block (`wait_for`) is done;
   3. applies the group's update: one optimizer call, fixed + per-byte cost (ComputeTimes.update);
      a large group of all-reduced partitions in pieces instead, each after its own blocks
-     (plan/pieces.py; Note [A large group is updated piece by piece] in runtime/piecewise.py).
+     (plan/pieces.py; Note [A large group is updated piece by piece] in
+     runtime/modes/overlap/piecewise.py).
 At the end of the forward (the root module's hook) every block is waited for and the updates of
 tensors no module claimed are applied. Then loss and the start of backward take what is left of
 before_first_ready_s after the forward, and the gradients follow at their ready times; the
@@ -170,7 +172,8 @@ def run_overlap(run: RunProfile, plan: Plan, blocks: BlockTimes, compute: Comput
 def _second_round(fwd: _Forward, seconds: float, released: list[int], waited: set[int],
                   after: set[int]) -> None:
     """step() under a compressor (Note [Compression under an overlap plan] in
-    runtime/compressed.py): DeAR's all-gathers of the first round released, its blocks waited
+    runtime/compression/gradients.py): DeAR's all-gathers of the first round released, its blocks
+    waited
     for, the compressor's time (all of it, decompression included: Note [Simulated compression
     compute]), then the second round launched; the next forward waits for it per group."""
     for pos in released:

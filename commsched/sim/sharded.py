@@ -1,5 +1,5 @@
 """shard_optimizer in the simulator: the sharded plan's traffic and its update, as
-runtime/sharded.py runs them.
+runtime/modes/shard_state.py runs them.
 
 The wire carries plan/sharding.py's sharded plan: every block reduce-scattered in backward, and
 all-gathered after the update (a synchronous plan's all-gathers appended, released one by one

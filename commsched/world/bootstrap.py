@@ -423,7 +423,7 @@ def shutdown() -> None:
     """Ends commsched in this process: applies deferred updates, stops engines, drops groups.
 
     Applies the updates that overlap plans still defer to the next forward pass (Note [The last
-    deferred update] in runtime/overlap_support.py), so the model holds the last step's
+    deferred update] in runtime/modes/overlap/support.py), so the model holds the last step's
     parameters; stops every engine and its threads; destroys the process groups commsched
     created (one you initialised before commsched stays yours); under horovodrun, shuts Horovod
     down. Call it on every rank at the end of training: a rank that ends without it while others
@@ -465,7 +465,7 @@ def shutdown() -> None:
 # * at the next step every session asks `stale()`: broken, or Horovod's rank or size is no
 #   longer the world's. The first to see it calls `reform()` (stop every engine, drop the
 #   groups, form a new world from Horovod's new ranks); each session then rebinds to the new
-#   generation (its engine, groups and a plan for the new size; runtime/elastic.py).
+#   generation (its engine, groups and a plan for the new size; runtime/elastic_guard.py).
 # Every rank reaches that step together: Horovod re-runs the training function on all of them
 # after the sync, and a joining worker forms its first world there too (a session in an
 # elastic job binds lazily: its wrap happens while the others are still in their reset).

@@ -11,8 +11,8 @@ import torch
 from helpers import distributed_test
 from torch import nn
 
-from commsched.runtime.auto import CHECK_STEPS, UNTIMED_STEPS
-from commsched.runtime.auto_trials import (
+from commsched.runtime.planning.auto.state import CHECK_STEPS, UNTIMED_STEPS
+from commsched.runtime.planning.auto.trials import (
     CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
     TIE_WINDOW,

@@ -15,7 +15,7 @@ import torch
 from helpers import distributed_test, one_group_per_module
 from torch import nn
 
-from commsched.runtime.overlap import HookMode
+from commsched.runtime.modes.overlap.runner import HookMode
 
 
 def _compile(module: nn.Module, fullgraph: bool = False) -> nn.Module:

@@ -2,7 +2,8 @@
 with the same parameters, equal (to float tolerance: the engine's sums run in another order) to
 a single-process simulation of the same compressed averaging built from commsched.compression's
 pure functions, applied synchronously. The runs use SGD with momentum, so top-k runs with DGC's
-momentum correction (Note [DGC under the user's momentum], commsched/runtime/momentum.py)."""
+momentum correction (Note [DGC under the user's momentum],
+commsched/runtime/compression/dgc_momentum.py)."""
 
 from __future__ import annotations
 

@@ -208,7 +208,7 @@ def _shutdown_job() -> dict:
     import commsched
     from commsched.compression import Compression
     from commsched.plan import Block, Piece, Plan, TensorSpec
-    from commsched.runtime.engine import EngineHandle
+    from commsched.runtime.engine.handle import EngineHandle
 
     world = commsched.init()
     world.all_gather_object(0)  # the control group's threads exist before counting

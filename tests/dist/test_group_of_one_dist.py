@@ -12,7 +12,7 @@ from torch import nn
 
 def _job() -> dict:
     import commsched
-    from commsched.runtime.engine import EngineHandle
+    from commsched.runtime.engine.handle import EngineHandle
 
     EngineHandle.process_group_at_size_one = True
     commsched.init()

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from helpers import distributed_test
 
-from commsched.runtime.collective_fit import fit_collective
+from commsched.runtime.engine.collective_fit import fit_collective
 
 
 def _profile_job(path: str, lag_s: float = 0.0) -> dict:

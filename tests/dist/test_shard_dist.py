@@ -64,7 +64,7 @@ def _train(policy: str, name: str, shard: bool, rank: int, steps: range = range(
            resume: dict[str, Any] | None = None, snapshot_at: int | None = None
            ) -> dict[str, Any]:
     import commsched
-    from commsched.runtime.sharded import state_bytes
+    from commsched.runtime.modes.shard_state import state_bytes
 
     model = _model()
     inner = _optimizer(name, model)

@@ -1,5 +1,5 @@
 """No forward pass reads a parameter whose update is pending (Note [No forward pass on a
-pending update] in runtime/overlap_guard.py), whatever path the forward pass takes: every
+pending update] in runtime/modes/overlap/guard.py), whatever path the forward pass takes: every
 overlap policy and `auto`, on 2 Gloo ranks, ends where DDP ends on the same data.
 
 The paths, as users write them:

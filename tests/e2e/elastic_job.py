@@ -24,7 +24,7 @@ Each rank's batch follows from (step, rank), so a reference replaying the logged
 their world sizes recomputes the average gradient of every committed step (`reference`); a
 step averaged over the wrong ranks, applied twice or lost shows in the parameters. Under a
 lossy compressor the replay runs every rank's compressor, each starting afresh at every bind
-(Note [Elastic Horovod and compressor state] in commsched/runtime/elastic.py).
+(Note [Elastic Horovod and compressor state] in commsched/runtime/elastic_guard.py).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _nccl_group_of_one(timeline_dir: str) -> dict:
     import torch.distributed as dist
 
     import commsched
-    from commsched.runtime.engine import EngineHandle
+    from commsched.runtime.engine.handle import EngineHandle
 
     torch.cuda.set_device(0)
     EngineHandle.process_group_at_size_one = True  # test-only: NCCL group of one

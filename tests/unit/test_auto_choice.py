@@ -1,13 +1,14 @@
 """`auto`'s choice between an overlap plan and a synchronous one (Note [Overlap must win by a
-margin] in commsched/runtime/auto_trials.py) and its trials of close runners-up (Note [Measuring the
+margin] in commsched/runtime/planning/auto/trials.py) and its trials of close runners-up (Note
+[Measuring the
 close calls]): pure, on hand-made rankings."""
 
 from __future__ import annotations
 
 from commsched.config import Policy
 from commsched.plan import Block, Collective, Piece, Plan, Stage
-from commsched.runtime.auto import CHECK_STEPS, UNTIMED_STEPS, AutoState, Verdict
-from commsched.runtime.auto_trials import (
+from commsched.runtime.planning.auto.state import CHECK_STEPS, UNTIMED_STEPS, AutoState, Verdict
+from commsched.runtime.planning.auto.trials import (
     CROSS_FIT_TRIAL_WINDOW,
     OVERLAP_MARGIN,
     SWITCH_MARGIN,
@@ -304,7 +305,7 @@ def test_after_a_re_plan_the_new_choice_is_checked_once_and_its_runners_up_measu
 
 
 def test_a_state_restored_from_a_checkpoint_keeps_its_plan() -> None:
-    # What a checkpoint taken during a trial window saves (runtime/checkpoint.py); the ranking
+    # What a checkpoint taken during a trial window saves (runtime/checkpoint_entry.py); the ranking
     # is not saved, so the plan the checkpoint holds stays.
     state = AutoState(predicted_s=0.30, history=[
         {"policy": "dear", "knobs": {}, "predicted_s": 0.30, "measured_s": None, "why": "trial"}])

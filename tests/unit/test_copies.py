@@ -1,12 +1,13 @@
 """What the engine copies per plan (commsched/plan/copies.py, mirroring csrc/fusion_buffer.cpp)
-and `auto`'s tie-break by it (Note [Fewer copies break a tie] in runtime/auto_trials.py)."""
+and `auto`'s tie-break by it (Note [Fewer copies break a tie] in
+runtime/planning/auto/trials.py)."""
 
 from __future__ import annotations
 
 from commsched.config import Policy
 from commsched.plan import Block, Collective, Piece, Plan, TensorSpec
 from commsched.plan.copies import copied_bytes
-from commsched.runtime.auto_trials import TIE_WINDOW, knob_twin, prefer_fewer_copies
+from commsched.runtime.planning.auto.trials import TIE_WINDOW, knob_twin, prefer_fewer_copies
 from commsched.sim import Ranked
 
 AR, RS, AG = Collective.ALLREDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER

@@ -9,7 +9,7 @@ import torch
 from commsched import _C
 from commsched.compression import Compression
 from commsched.plan import Block, Collective, Piece, Plan, Stage, TensorSpec
-from commsched.runtime import engine as engine_module
+from commsched.runtime.engine import handle as engine_module
 
 
 def _spec(**overrides: object) -> _C.BlockSpec:

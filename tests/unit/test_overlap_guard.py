@@ -1,5 +1,5 @@
 """The overlap runner checks that its hooks ran (Note [No forward pass on a pending update] in
-runtime/overlap_guard.py): a forward path that reads parameters without their module's
+runtime/modes/overlap/guard.py): a forward path that reads parameters without their module's
 pre-hooks is found before a plan defers anything, or, where the path changes later, in the
 iteration it first does; from then on step() applies every update. World of one, with the
 runner kept (never_pass_through), beside the plain optimizer."""
@@ -18,7 +18,7 @@ from torch import nn
 
 import commsched
 from commsched.optimizer import _DistributedOptimizer as Wrapped
-from commsched.runtime.overlap import OverlapRunner
+from commsched.runtime.modes.overlap.runner import OverlapRunner
 
 
 def _wrap(model: nn.Module, policy: str) -> Wrapped:

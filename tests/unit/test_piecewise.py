@@ -1,5 +1,6 @@
 """A large update group stepped piece by piece as its partitions land (Note [A large group is
-updated piece by piece] in commsched/runtime/piecewise.py): the pieces a plan gives (pure), and
+updated piece by piece] in commsched/runtime/modes/overlap/piecewise.py): the pieces a plan gives
+(pure), and
 training in a world of one under `bytescheduler` against the synchronous `horovod`, which must
 agree bit for bit, state included."""
 
@@ -16,7 +17,7 @@ import commsched
 from commsched.plan import Block, Collective, Piece, Plan, Stage
 from commsched.plan import pieces as plan_pieces
 from commsched.plan.pieces import UpdatePiece, group_pieces
-from commsched.runtime import piecewise
+from commsched.runtime.modes.overlap import piecewise
 
 FLOAT = 4
 

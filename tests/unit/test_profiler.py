@@ -8,14 +8,14 @@ import torch
 from helpers import step_alike
 
 from commsched.plan import NetModel, TensorSpec
-from commsched.runtime.clock import UpdateTimer
-from commsched.runtime.collective_fit import fit_alpha_beta, fit_collective
-from commsched.runtime.profiler import (
+from commsched.runtime.engine.collective_fit import fit_alpha_beta, fit_collective
+from commsched.runtime.engine.profiler import (
     KEEP_COLLECTIVE_SAMPLES,
     EventSpan,
     Profiler,
     profile_document,
 )
+from commsched.runtime.engine.step_clock import UpdateTimer
 
 
 def test_fit_recovers_alpha_beta() -> None:

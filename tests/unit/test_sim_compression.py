@@ -17,7 +17,7 @@ import torch
 
 from commsched.compression import Compression, LossyCompression
 from commsched.plan import Block, Collective, Piece, Plan, TensorSpec
-from commsched.runtime.compressed import CompressedGradients
+from commsched.runtime.compression.gradients import CompressedGradients
 from commsched.sim import LinkNetwork, Mode, SimResult, profile_from_document, simulate
 from commsched.sim.cli import UsageError, main, parse_compressions
 from commsched.sim.compressed import compress_run

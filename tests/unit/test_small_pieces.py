@@ -12,7 +12,7 @@ import torch
 from commsched import Compression, ReduceOp
 from commsched.compression import resolve
 from commsched.ops import resolve_op
-from commsched.runtime.timeline import TimelineWriter, timeline_path
+from commsched.runtime.engine.timeline import TimelineWriter, timeline_path
 from commsched.world.consistency import check_identical, digest, first_difference
 from commsched.world.errors import MismatchError
 from commsched.world.view import Launcher, World

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from commsched.runtime.profiler import Profiler
-from commsched.runtime.world_profile import (
+from commsched.runtime.engine.profiler import Profiler
+from commsched.runtime.planning.world_profile import (
     IterationRow,
     critical_rank,
     document_samples,

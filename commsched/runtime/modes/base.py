@@ -25,17 +25,17 @@ from ...world import registry
 if TYPE_CHECKING:
     from ...config import Config
     from ...plan import Plan
-    from ..accumulation import Accumulation
-    from ..clock import StepClock
     from ..deferred import DeferredUpdates
-    from ..elastic import ElasticGuard
-    from ..engine import EngineHandle
-    from ..gradient_hooks import GradientHooks
-    from ..lifecycle import PlanLifecycle
-    from ..overlap import OverlapRunner
-    from ..sharded import ShardedState
-    from ..sparse import SparseExchange
+    from ..elastic_guard import ElasticGuard
+    from ..engine.handle import EngineHandle
+    from ..engine.step_clock import StepClock
+    from ..intake.accumulation import Accumulation
+    from ..intake.gradient_hooks import GradientHooks
+    from ..intake.sparse_route import SparseExchange
+    from ..planning.lifecycle import PlanLifecycle
     from ..step_vote import NoVote, StepVote
+    from .overlap.runner import OverlapRunner
+    from .shard_state import ShardedState
 
 # The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
 activity = registry.activity

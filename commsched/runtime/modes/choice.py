@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...plan import Plan
 from .base import StepMode
-from .overlap import OverlapMode
+from .overlap.mode import OverlapMode
 from .plain import PlainMode
 from .sharded import ShardedMode, ShardedOverlapMode
 from .synchronous import SynchronousMode
 
 if TYPE_CHECKING:
-    from ..overlap import OverlapRunner
     from .base import ModeSession
+    from .overlap.runner import OverlapRunner
 
 
 class StepModes:

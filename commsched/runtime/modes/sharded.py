@@ -1,6 +1,6 @@
 """The sharded modes (shard_optimizer, under a policy's plan: the profiling steps are not
 sharded): each rank updates its slices between the reduce-scatters and the all-gathers, which
-then carry parameters (runtime/sharded.py); under dear the all-gathers wait for the next
+then carry parameters (runtime/modes/shard_state.py); under dear the all-gathers wait for the next
 forward pass. The state moves to a new plan's slices at the first step() after its install
 (Note [The sharded state follows the plan])."""
 
@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .base import ModeKind, StepRules, forward_begins, step_begins
-from .overlap import OverlapMode
+from .overlap.mode import OverlapMode
 from .synchronous import SynchronousMode
 
 if TYPE_CHECKING:
-    from ..sharded import ShardedState
+    from .shard_state import ShardedState
 
 SHARDED_STEP = (
     "commsched: with shard_optimizer=True, step() updates each rank's slices from the "

@@ -1,0 +1,1 @@
+"""Lossy compression at run time: PowerSGD, top-k and DGC, as a comm hook."""

@@ -1,0 +1,1 @@
+"""The overlap mode: updates applied in the next forward pass, and its runner."""

@@ -1,0 +1,1 @@
+"""A session's plan over its life: profile, plan, install, re-plan, and `auto`."""

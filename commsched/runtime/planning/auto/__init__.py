@@ -1,0 +1,1 @@
+"""`auto`: the choice among every policy's simulated plan, and its trials."""
