@@ -26,7 +26,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Generic, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
 import torch
 
@@ -64,6 +65,10 @@ class _FromBinding(Generic[T]):
 
     def __get__(self, session: Session, owner: type | None = None) -> T:
         return cast(T, getattr(session.binding, self.name))
+
+
+def _call(call: Callable[..., None], *args: Any) -> None:
+    call(*args)
 
 
 def _grad(param: torch.Tensor) -> torch.Tensor:
@@ -113,6 +118,9 @@ class Session:
                                          self.routed, self.binding,
                                          self.hooks.first_gradient_call(), self.hooks.slow_path())
         self.elastic_guard = ElasticGuard(self.binding, self.accumulation)
+        # What runs a call that may fail as a collective does: outside an elastic job nothing
+        # is to be forgotten after a failure.
+        self.guarded: Callable[..., None] = self.elastic_guard.run if elastic_job else _call
         if not elastic_job:  # an elastic job binds at its first step
             self.bind()
         # Note [Answering the others' collectives]; commsched.Join swaps it for its block.
@@ -185,7 +193,7 @@ class Session:
         self.accumulation.intake.started = True
         _activity.now = ("backward", time.monotonic(), self.iteration)
         if self.lifecycle.restore_unchecked:
-            self.elastic_guard.run(self.lifecycle.check_restored, self.iteration)
+            self.guarded(self.lifecycle.check_restored, self.iteration)
         self.mode.first_gradient()
 
     def set_passes(self, passes: int) -> None:
@@ -234,7 +242,16 @@ class Session:
         if self.hooks.densified:
             self.hooks.resparsify(self.params)
         self.end_iteration()
-        self.modes.maybe_pass_through()
+        self.end_of_step()
+
+    def publish(self, phase: str) -> None:
+        """Publishes the phase the heartbeats report ("forward", "backward", "step")."""
+        _activity.now = (phase, time.monotonic(), self.iteration)
+
+    def end_of_step(self) -> None:
+        """After an iteration's step(): a world of one may pass through from here on."""
+        if self.modes.plain.possible:
+            self.modes.maybe_pass_through()
 
     @property
     def sharded(self) -> ShardedState | None:

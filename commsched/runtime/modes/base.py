@@ -14,13 +14,10 @@ does not need a call does nothing in it.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-
-from ...world import registry
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -37,10 +34,6 @@ if TYPE_CHECKING:
     from .overlap.runner import OverlapRunner
     from .shard_state import ShardedState
 
-# The phase the heartbeats publish (world.registry.Activity): one assignment where it changes.
-activity = registry.activity
-
-
 class StepRules(Protocol):
     """Horovod's synchronize()/step() flags (commsched.step_protocol.StepProtocol)."""
 
@@ -53,7 +46,6 @@ class ModeSwitch(Protocol):
     """What a mode asks of the session's StepModes (choice.py)."""
 
     runner: OverlapRunner | None
-    def maybe_pass_through(self) -> None: ...
 
 
 class ModeSession(Protocol):
@@ -68,6 +60,8 @@ class ModeSession(Protocol):
     accumulation: Accumulation
     hooks: GradientHooks
     elastic_guard: ElasticGuard
+    # Runs a call that may fail as a collective does (ElasticGuard.run in an elastic job).
+    guarded: Callable[..., None]
     vote: NoVote | StepVote
 
     @property
@@ -89,6 +83,8 @@ class ModeSession(Protocol):
     def bind(self) -> None: ...
     def flush(self, pause: bool = False) -> None: ...
     def reduce(self, sharded: ShardedState | None = None) -> None: ...
+    def end_of_step(self) -> None: ...
+    def publish(self, phase: str) -> None: ...
     def launch_rest(self) -> None: ...
     def end_iteration(self) -> None: ...
 
@@ -104,12 +100,8 @@ class ModeKind(enum.Enum):
 
 
 class StepMode:
-    """One way of running an iteration's end (Note [A step mode is an object]).
-
-    The base is the synchronous protocol's skeleton: what step() does when it is not to reduce
-    (inside skip_synchronize(), or after synchronize()), which every mode but the sharded ones
-    shares.
-    """
+    """One way of running an iteration's end (Note [A step mode is an object]). The interface
+    only: SynchronousMode (synchronous.py) is the skeleton every other mode refines."""
 
     kind: ModeKind
     # Whether step() leaves the update to the next forward pass.
@@ -119,7 +111,8 @@ class StepMode:
         self.session = session
 
     def first_gradient(self) -> None:
-        """The mode's part of an iteration's first gradient (ModeSession.first_gradient)."""
+        """The mode's part of an iteration's first gradient (Session.first_gradient)."""
+        raise NotImplementedError
 
     def synchronize(self) -> None:
         """Reduces every gradient into ``p.grad``; missing ones count as zeros."""
@@ -133,24 +126,16 @@ class StepMode:
         Returns:
             What the user's optimizer step returns, or None where the update is deferred.
         """
-        protocol.before_update(synchronize)
-        return self.update(lambda: self.session.deferred.base_step(optimizer, closure), closure)
+        raise NotImplementedError
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         """The user's optimizer step, after the gradients were reduced."""
-        return step()
+        raise NotImplementedError
 
     def skip_update(self) -> None:
         """The update after synchronize() that AMP's loss scaler skipped (an overflow)."""
+        raise NotImplementedError
 
     def finish(self) -> None:
         """Applies every update the mode still holds (flush())."""
-
-
-def forward_begins(session: ModeSession) -> None:
-    """Publishes that the next forward pass begins (after a step)."""
-    activity.now = ("forward", time.monotonic(), session.iteration)
-
-
-def step_begins(session: ModeSession) -> None:
-    activity.now = ("step", time.monotonic(), session.iteration)
+        raise NotImplementedError

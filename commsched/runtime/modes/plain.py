@@ -41,14 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ModeKind, StepMode, StepRules
+from .base import ModeKind, StepRules
+from .synchronous import SynchronousMode
 
 if TYPE_CHECKING:
     from ...config import Config
     from ...world import World
 
 
-class PlainMode(StepMode):
+class PlainMode(SynchronousMode):
     """The user's optimizer and nothing else; the session counts the iteration. It also keeps
     whether a session may still pass through (StepModes.maybe_pass_through switches to it)."""
 
@@ -70,8 +71,17 @@ class PlainMode(StepMode):
         """Some gradient was missing at step(): this session steps through the engine for good."""
         self.possible = False
 
+    def first_gradient(self) -> None:
+        """Not called: no hook hands a gradient over."""
+
     def synchronize(self) -> None:
         self.session.iteration += 1
+
+    def update(self, step: Callable[[], Any], closure: Any) -> Any:
+        return step()
+
+    def skip_update(self) -> None:
+        """Nothing was timed: nothing ends."""
 
     def step(self, optimizer: torch.optim.Optimizer, protocol: StepRules,
              synchronize: Callable[[], None], closure: Any) -> Any:

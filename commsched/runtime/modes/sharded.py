@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ModeKind, StepRules, forward_begins, step_begins
+from .base import ModeKind, StepRules
 from .overlap.mode import OverlapMode
 from .synchronous import SynchronousMode
 
@@ -40,9 +40,9 @@ class ShardedMode(SynchronousMode):
              synchronize: Callable[[], None], closure: Any) -> Any:
         session = self.session
         sharded = _follow_plan(session.sharded, protocol, closure)
-        step_begins(session)
+        session.publish("step")
         session.reduce(sharded)
-        forward_begins(session)
+        session.publish("forward")
         return None
 
 

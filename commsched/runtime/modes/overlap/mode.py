@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..base import ModeKind, StepRules, forward_begins, step_begins
+from ..base import ModeKind, StepRules
 from ..synchronous import SynchronousMode
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class OverlapMode(SynchronousMode):
     def step_deferred(self) -> None:
         """Launches the rest and leaves the update to the next forward pass. Its waits
         (PowerSGD's second round) may fail as synchronize()'s may: ElasticGuard.run."""
-        self.session.elastic_guard.run(self._step_deferred)
+        self.session.guarded(self._step_deferred)
 
     def _shard_step(self) -> Callable[[Callable[[int], torch.Tensor]], float] | None:
         """What updates this rank's slices before the all-gathers go (the sharded variant's)."""
@@ -55,7 +55,7 @@ class OverlapMode(SynchronousMode):
 
     def _step_deferred(self) -> None:
         session, runner = self.session, self.runner
-        step_begins(session)
+        session.publish("step")
         session.vote.cast(session.iteration)  # where no gradient came in this iteration
         runner.finish()  # where no backward came since the last step(); else it holds nothing
         if session.lifecycle.restore_unchecked:
@@ -76,8 +76,8 @@ class OverlapMode(SynchronousMode):
         if session.engine.sampling:
             session.engine.profiler.note("step_s", update_s)
         session.clock.step_ended()
-        forward_begins(session)
-        session.modes.maybe_pass_through()
+        session.publish("forward")
+        session.end_of_step()
 
     def finish(self) -> None:
         self.runner.finish()
