@@ -57,7 +57,7 @@ def _join(optimizer: _DistributedOptimizer, model: torch.nn.Module | None) -> in
     optimizer.flush()  # this rank's last update, whose blocks the others answer
     vote.joined = True
     try:
-        while vote.cast(session.iteration):
+        while vote.cast(session.state.iteration):
             _answer_one_iteration(optimizer)
     finally:
         vote.joined = False

@@ -96,8 +96,8 @@ class StepProtocol:
         accumulation = session.accumulation
         if accumulation.pending:  # never while passing through: no hook hands a gradient over
             raise AssertionError(_ZERO_GRAD_PENDING)
-        if accumulation.held_back:
-            accumulation.held_back = False
+        if session.state.held_back:
+            session.state.held_back = False
             warnings.warn(_ZERO_GRAD_DROPS_ACCUMULATION, stacklevel=3)  # zero_grad()'s caller
 
     def scaled_step(self, optimizer: torch.optim.Optimizer, session: Session,

@@ -50,7 +50,7 @@ def capture(session: Session) -> dict[str, Any] | None:
     entry: dict[str, Any] = {
         "version": VERSION, "policy": session.config.policy.value,
         "tensors": tensor_signature(session.specs), "plan": plan_to_dict(session.plan),
-        "iteration": session.iteration, "replan_at": lifecycle.replan_at,
+        "iteration": session.state.iteration, "replan_at": lifecycle.replan_at,
         "credit_bytes": lifecycle.credit,
         "runner": session.modes.state_dict(),
         "auto": None,
@@ -114,20 +114,20 @@ def restore(session: Session, entry: dict[str, Any]) -> None:
     if session.binding.stale:
         # An elastic job restoring its last commit after losing a worker: the plan was for a
         # world that is gone; the re-formed one plans for its own size from this iteration.
-        session.iteration = int(entry["iteration"])
+        session.state.iteration = int(entry["iteration"])
         return
     lifecycle = session.lifecycle
     replan_at = None if entry["replan_at"] is None else int(entry["replan_at"])
-    changed = [session.plan.fingerprint, session.iteration, lifecycle.replan_at] != \
+    changed = [session.plan.fingerprint, session.state.iteration, lifecycle.replan_at] != \
         [plan.fingerprint, entry["iteration"], replan_at]
     lifecycle.restored(plan, replan_at, int(entry["credit_bytes"]), compare=changed)
-    session.iteration = int(entry["iteration"])
+    session.state.iteration = int(entry["iteration"])
     if session.compressed is not None:
         session.compressed.load(entry["compression"])
         session.compressed.on = False  # as the saved run stood at this iteration
         lifecycle.compressor = None
         # compressing or not as the saved run was at its iteration
-        session.compressed.restored_at(session.iteration, lifecycle)
+        session.compressed.restored_at(session.state.iteration, lifecycle)
     saved_runner = entry["runner"]
     if saved_runner is not None:
         session.modes.restore(list(saved_runner["order"]), bool(saved_runner["active"]),

@@ -43,13 +43,14 @@ from .engine.step_clock import StepClock
 from .intake.accumulation import Accumulation
 from .intake.gradient_hooks import GradientHooks
 from .intake.sparse_route import SparseExchange, sparse_parameter_ids
+from .iteration import IterationState
 from .modes import StepMode, StepModes
 from .modes.overlap.runner import OverlapRunner
 from .modes.shard_state import ShardedState
 from .planning.lifecycle import PlanLifecycle
 from .release import Resources, release, release_orphans
 from .step_vote import NoVote, StepVote
-from .world_binding import WorldBinding, iteration_reader
+from .world_binding import WorldBinding
 from .wrap import WrapOptions, make_specs
 
 T = TypeVar("T")
@@ -95,7 +96,7 @@ class Session:
         elastic_job = elastic()
         if elastic_job:
             refuse_in_elastic_job(config)
-        self.iteration = 0
+        self.state = IterationState()  # Note [One iteration's state] (iteration.py)
         self.base_cls = base_cls  # the user's optimizer class (the wrapper's class derives from it)
         self.names = {p: n for n, p in named}
         routed_ids = sparse_parameter_ids(options.model, options.sparse_as_dense)
@@ -105,7 +106,7 @@ class Session:
         self.params = [p for _, p in tracked]
         self.specs = make_specs(tracked, options.group_of)
         self.deferred = DeferredUpdates(base_cls, optimizer)
-        self.hooks = GradientHooks(self)
+        self.hooks = GradientHooks(self, self.state)
         self.modes = StepModes(self)
         # Note [a dropped optimizer releases its engine] (runtime/release.py).
         self._resources = Resources(None, None, self.hooks.handles, threading.get_ident())
@@ -113,10 +114,11 @@ class Session:
         self._release.atexit = False  # at exit commsched.shutdown() stops what is left
         self.binding = WorldBinding(config, options, elastic_job, self.specs, self.params,
                                     self.routed, self.deferred, base_cls, self._resources,
-                                    self.modes)
+                                    self.modes, self.state)
         self.accumulation = Accumulation(options.backward_passes_per_step, self.params,
                                          self.routed, self.binding,
-                                         self.hooks.first_gradient_call(), self.hooks.slow_path())
+                                         self.hooks.first_gradient_call(), self.hooks.slow_path(),
+                                         self.state)
         self.elastic_guard = ElasticGuard(self.binding, self.accumulation)
         # What runs a call that may fail as a collective does: outside an elastic job nothing
         # is to be forgotten after a failure.
@@ -126,21 +128,23 @@ class Session:
         # Note [Answering the others' collectives]; commsched.Join swaps it for its block.
         self.vote: NoVote | StepVote = StepVote(self.world) if config.uneven_inputs else NoVote()
         self.hooks.install(self.accumulation.intake, self.params, self.routed)
-        _activity.now = ("forward", time.monotonic(), self.iteration)
+        _activity.now = ("forward", time.monotonic(), self.state.iteration)
 
     def bind(self) -> None:
         """Binds to the world of now (WorldBinding.bind), and starts the plan there."""
-        self.binding.bind(iteration_reader(self), self.accumulation.passes)
+        state = self.state  # the engine reads the counter, and must not keep the session alive
+        state.restore_unchecked = False  # a new world's plan is its own
+        self.binding.bind(lambda: state.iteration, self.accumulation.passes)
         intake = self.accumulation.intake
         intake.set_engine(self.engine.native)  # also an elastic job's new one
         for tid in self.engine.comm_hook.python_ids:
             intake.set_python_only(tid, True)  # the compressor's hand-over is Python's
         elastic_job = self.binding.elastic
         if elastic_job:  # a joining worker starts at 0: rank 0 holds the committed position
-            self.iteration = int(self.binding.formed.broadcast_object(self.iteration))
+            self.state.iteration = int(self.binding.formed.broadcast_object(self.state.iteration))
         self.modes.plain.decide_at_bind(self.world, elastic_job, bool(self.routed),
                                         self.engine.comm_hook.works_alone, self.config)
-        self.binding.start(self.iteration)
+        self.binding.start(self.state.iteration)
 
     @property
     def bound(self) -> bool:
@@ -187,13 +191,13 @@ class Session:
     def first_gradient(self) -> None:
         """Once per iteration, at its first gradient: what must happen before any gradient is
         handed over. Later gradients of the iteration go straight to the engine."""
-        self.vote.cast(self.iteration)  # before any collective of the iteration
+        self.vote.cast(self.state.iteration)  # before any collective of the iteration
         if self.binding.elastic:  # Note [Elastic Horovod] in world/bootstrap.py
             self.elastic_guard.rebind_if_stale(self.bind)
         self.accumulation.intake.started = True
-        _activity.now = ("backward", time.monotonic(), self.iteration)
-        if self.lifecycle.restore_unchecked:
-            self.guarded(self.lifecycle.check_restored, self.iteration)
+        _activity.now = ("backward", time.monotonic(), self.state.iteration)
+        if self.state.restore_unchecked:
+            self.guarded(self.lifecycle.check_restored, self.state.iteration)
         self.mode.first_gradient()
 
     def set_passes(self, passes: int) -> None:
@@ -207,7 +211,7 @@ class Session:
         intake = self.accumulation.intake
         runner = self.modes.runner
         if runner is not None:  # Note [No forward pass on a pending update]
-            runner.guard.after_backward(self.accumulation.received, self.iteration)
+            runner.guard.after_backward(self.accumulation.received, self.state.iteration)
         self.engine.comm_hook.launch_rest()
         if not self.hooks.all_handed_over(intake):
             self.hooks.launch_rest(intake, self.params, self.engine,
@@ -220,9 +224,9 @@ class Session:
     def reduce(self, sharded: ShardedState | None = None) -> None:
         """Reduces every gradient and waits for it; with `sharded`, the owners update their
         slices between the reduce-scatters and the all-gathers, which then carry parameters."""
-        self.vote.cast(self.iteration)  # where no gradient came in this iteration
-        if self.lifecycle.restore_unchecked:
-            self.lifecycle.check_restored(self.iteration)
+        self.vote.cast(self.state.iteration)  # where no gradient came in this iteration
+        if self.state.restore_unchecked:
+            self.lifecycle.check_restored(self.state.iteration)
         self.launch_rest()
         engine = self.engine
         if sharded is not None:
@@ -239,14 +243,14 @@ class Session:
         if sharded is not None:
             sharded.finish()
         engine.comm_hook.after_wait()
-        if self.hooks.densified:
+        if self.state.densified:
             self.hooks.resparsify(self.params)
         self.end_iteration()
         self.end_of_step()
 
     def publish(self, phase: str) -> None:
         """Publishes the phase the heartbeats report ("forward", "backward", "step")."""
-        _activity.now = (phase, time.monotonic(), self.iteration)
+        _activity.now = (phase, time.monotonic(), self.state.iteration)
 
     def end_of_step(self) -> None:
         """After an iteration's step(): a world of one may pass through from here on."""
@@ -260,11 +264,11 @@ class Session:
 
     def end_iteration(self) -> None:
         self.accumulation.end_iteration()
-        self.iteration += 1
+        self.state.iteration += 1
         if self.engine.timeline:
-            self.engine.mark(f"iteration {self.iteration}")
-        self.engine.comm_hook.iteration_ended(self.iteration)
-        self.lifecycle.iteration_ended(self.iteration)
+            self.engine.mark(f"iteration {self.state.iteration}")
+        self.engine.comm_hook.iteration_ended(self.state.iteration)
+        self.lifecycle.iteration_ended(self.state.iteration)
 
     def flush(self, pause: bool = False) -> None:
         """Applies every update still pending from cross-iteration overlap. `pause`: the user

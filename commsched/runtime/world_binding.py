@@ -24,6 +24,7 @@ from .engine.handle import EngineHandle
 from .engine.step_clock import StepClock
 from .engine.timeline import timeline_path
 from .intake.sparse_route import SparseExchange
+from .iteration import IterationState
 from .modes.overlap.runner import OverlapRunner
 from .modes.overlap.support import ModuleProfile, check_overlap_allowed, overlap_possible
 from .modes.shard_state import ShardedState
@@ -49,11 +50,12 @@ class WorldBinding:
                  specs: list[TensorSpec], params: list[torch.Tensor],
                  routed: list[tuple[str, torch.Tensor]], deferred: DeferredUpdates,
                  base_cls: type[torch.optim.Optimizer], resources: Resources,
-                 modes: ModeFollower) -> None:
+                 modes: ModeFollower, state: IterationState) -> None:
         self.config, self.options, self.elastic = config, options, elastic
         self.specs, self.params, self.routed = specs, params, routed
         self.deferred, self.base_cls, self.resources = deferred, base_cls, resources
         self.modes = modes  # the session's: each bind hands it this world's overlap runner
+        self.state = state  # the session's iteration state, which each lifecycle shares
         self.bound = False  # whether world, engine and plan exist
         # The forward order and module times the last runner recorded: an elastic job's runner,
         # made again at the first gradient of a re-formed world's iteration, after the forward.
@@ -97,7 +99,7 @@ class WorldBinding:
         postscale = options.predivide / world.size if options.op is ReduceOp.AVERAGE else 1.0
         self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.modes,
                                        Scaling(options.compression, 1.0 / options.predivide,
-                                               postscale))
+                                               postscale), self.state)
         if self.compressed is not None:  # Note [Compression is a comm hook] in comm_hook.py
             # Scaled by the engine's pre- x post-scale, which top-k applies itself.
             self.engine.register_comm_hook(LossyHook(
@@ -167,9 +169,3 @@ class WorldBinding:
             self.resources.runner = None
         self.bound = False
 
-
-def iteration_reader(session: object) -> Callable[[], int]:
-    """The session's iteration counter, read through a weak reference: the engine must not keep
-    the session (and the optimizer) alive."""
-    this = weakref.ref(session)
-    return lambda: getattr(this(), "iteration", 0)

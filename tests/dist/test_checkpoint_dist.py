@@ -95,10 +95,10 @@ def _broadcast_resume() -> dict:
     if rank == 0:
         opt.load_state_dict(saved)
     commsched.broadcast_optimizer_state(opt, root_rank=0)
-    restored = (opt.session.iteration, opt.plan.fingerprint)
+    restored = (opt.session.state.iteration, opt.plan.fingerprint)
     steps(2)
     return {"restored": restored, "saved": saved["commsched"]["plan"]["fingerprint"],
-            "iteration": opt.session.iteration}
+            "iteration": opt.session.state.iteration}
 
 
 def test_rank0_load_then_broadcast_restores_every_rank() -> None:

@@ -99,7 +99,7 @@ def _commsched(policy: str, form: str, rank: int) -> dict[str, Any]:
             last.append(block.last_joined)
         opt.flush()
         after.append([p.detach().clone() for p in net.parameters()])
-    out = {"params": after, "last": last, "iteration": opt.session.iteration}
+    out = {"params": after, "last": last, "iteration": opt.session.state.iteration}
     opt.session.close()
     return out
 

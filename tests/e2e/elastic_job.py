@@ -163,7 +163,7 @@ def main(out_dir: str, kill_at: int, add_at: int, add_host: str) -> int:
     train(state)
     torch.save({"params": {p: [t.detach() for t in m.parameters()] for p, m in models.items()},
                 "size": hvd.size(), "rank": hvd.rank(),
-                "iteration": {p: opt.session.iteration for p, opt in opts.items()}},
+                "iteration": {p: opt.session.state.iteration for p, opt in opts.items()}},
                os.path.join(out_dir, f"final.{host}.pt"))
     commsched.shutdown()
     return 0

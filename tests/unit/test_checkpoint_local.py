@@ -47,7 +47,7 @@ def test_resume_restores_plan_and_skips_profiling(policy: str) -> None:
     assert fresh.plan.policy == "layerwise"
     fresh.load_state_dict(state)
     assert fresh.plan.fingerprint == opt.plan.fingerprint
-    assert fresh.session.iteration == 3
+    assert fresh.session.state.iteration == 3
     if policy == "prophet":
         runner, original = fresh.session.modes.runner, opt.session.modes.runner
         assert runner is not None and original is not None  # prophet overlaps iterations
@@ -62,7 +62,7 @@ def test_entry_saved_while_profiling_keeps_the_remaining_profiling_steps() -> No
     _steps(model, opt, 1)
     fresh = _wrap(_model())
     fresh.load_state_dict(opt.state_dict())
-    assert fresh.session.iteration == 1 and fresh.session.lifecycle.replan_at == 2
+    assert fresh.session.state.iteration == 1 and fresh.session.lifecycle.replan_at == 2
     assert fresh.plan.policy == "layerwise"
 
 
@@ -79,7 +79,7 @@ def test_wrapped_state_loads_into_plain_torch_and_back() -> None:
     other = _wrap(_model())
     before = other.plan.fingerprint
     other.load_state_dict(plain.state_dict())  # no entry: the run profiles and plans as today
-    assert other.plan.fingerprint == before and other.session.iteration == 0
+    assert other.plan.fingerprint == before and other.session.state.iteration == 0
 
 
 def test_entry_for_another_policy_or_other_tensors_is_refused() -> None:

@@ -317,7 +317,7 @@ def test_auto_chooses_afresh_at_each_stage() -> None:
         opt.step()
         planned, layout = _wire_ids(opt)
         assert planned == layout, (step, planned, layout)
-        if opt.session.iteration in (20, 40, 60):  # a stage began
+        if opt.session.state.iteration in (20, 40, 60):  # a stage began
             assert not auto.refined and lifecycle.replan_at is None
     assert auto.refined  # the last stage's choice was refined
     opt.session.close()

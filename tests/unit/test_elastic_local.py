@@ -64,23 +64,23 @@ def test_session_binds_at_first_step_and_reforms_after_a_failure(elastic_world) 
 
     _step(model, opt)
     first = bootstrap.world()
-    assert session.bound and session.iteration == 1 and session.lifecycle.replan_at == 2
+    assert session.bound and session.state.iteration == 1 and session.lifecycle.replan_at == 2
     committed = opt.state_dict()
     assert committed["commsched"]["iteration"] == 1
     _step(model, opt)
     _step(model, opt)
-    assert session.iteration == 3 and session.plan.policy == "mgwfbp"
+    assert session.state.iteration == 3 and session.plan.policy == "mgwfbp"
 
     # A collective fails (as a dead peer makes it): the world is broken, the step is abandoned.
     error = first.fail("peer gone")
     assert isinstance(error, HorovodInternalError) and session.binding.stale
     # hvd.elastic.run's restore: the last commit's position, no engine touched.
     opt.load_state_dict(committed)
-    assert session.iteration == 1
+    assert session.state.iteration == 1
     _step(model, opt)
     assert bootstrap.world() is not first and bootstrap.world().generation == first.generation + 1
     # Profiled afresh for the re-formed world: the profiling plan until iteration 1 + 2.
-    assert session.iteration == 2 and session.lifecycle.replan_at == 3
+    assert session.state.iteration == 2 and session.lifecycle.replan_at == 3
     assert session.plan.policy != "mgwfbp"
     _step(model, opt)
     assert session.plan.policy == "mgwfbp"
@@ -110,7 +110,7 @@ def test_a_worker_restores_before_its_first_step(elastic_world) -> None:
     opt.load_state_dict(opt.state_dict())
     assert not opt.session.bound
     _step(model, opt)
-    assert opt.session.bound and opt.session.iteration == 1
+    assert opt.session.bound and opt.session.state.iteration == 1
     opt.session.close()
 
 
@@ -120,7 +120,7 @@ def test_a_failed_step_forgets_its_gradients(elastic_world, monkeypatch) -> None
     first = bootstrap.world()
     _fail_a_step(model, opt, monkeypatch, "wait")
     _step(model, opt)
-    assert opt.session.iteration == 2 and bootstrap.world().generation == first.generation + 1
+    assert opt.session.state.iteration == 2 and bootstrap.world().generation == first.generation + 1
 
 
 def test_a_restore_drops_what_an_overlap_plan_defers(elastic_world) -> None:
@@ -231,12 +231,12 @@ def test_a_compressor_starts_afresh_at_each_bind(elastic_world, lossy: str) -> N
     assert any(float(e.abs().sum()) > 0 for e in first.residuals)
     bootstrap.world().fail("peer gone")
     opt.load_state_dict(committed)
-    assert opt.session.iteration == 1
+    assert opt.session.state.iteration == 1
     step()
     second = opt.session.compressed
     assert second is not None and second is not first and opt.session.binding.binds == 2
     assert (second.correction is not None) == (lossy == "topk")
-    assert second.on and opt.session.iteration == 2
+    assert second.on and opt.session.state.iteration == 2
 
 
 def test_a_failed_second_round_under_an_overlap_plan_forgets_its_gradients(

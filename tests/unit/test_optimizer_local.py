@@ -152,7 +152,8 @@ def test_scheduler_made_before_wrapping_still_goes_through_commsched(model) -> N
     opt = commsched.DistributedOptimizer(base, named_parameters=model.named_parameters())
     backward(model)
     opt.step()
-    assert opt.session.iteration == 1  # our step ran (and synchronized), not the patched original
+    # our step ran (and synchronized), not the patched original
+    assert opt.session.state.iteration == 1
     with pytest.warns(UserWarning, match="before `optimizer.step\\(\\)`"):
         sched.step()  # the scheduler watches the original's step, as with Horovod
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)

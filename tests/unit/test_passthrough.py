@@ -82,7 +82,7 @@ def test_a_settled_world_of_one_steps_as_the_plain_optimizer(policy: str) -> Non
     assert first is not None and first < STEPS - 10, first
     assert _same(model, twin)  # an overlap plan's last update, too: made at step() now
     assert opt.plan.policy == policy  # the plan stays (what a checkpoint or a profile shows)
-    assert opt.session.iteration == STEPS  # still counted (checkpoints keep it)
+    assert opt.session.state.iteration == STEPS  # still counted (checkpoints keep it)
     model(_batch(0)).square().sum().backward()
     assert not opt.session.accumulation.pending  # no hook took the gradient: none handed over
     opt.step()

@@ -14,6 +14,7 @@ import torch
 from ... import _C
 
 if TYPE_CHECKING:
+    from ..iteration import IterationState
     from ..world_binding import WorldBinding
 
 _NO_SYNC_AFTER_SEND = (
@@ -31,13 +32,13 @@ class Accumulation:
 
     def __init__(self, passes: int, params: list[torch.Tensor],
                  routed: list[tuple[str, torch.Tensor]], binding: WorldBinding,
-                 first_gradient: Callable[[], None], slow_path: Callable[[int], None]) -> None:
+                 first_gradient: Callable[[], None], slow_path: Callable[[int], None],
+                 state: IterationState) -> None:
         self.passes = passes
         # The gradient hooks are its objects (GradientHooks.install): it calls `first_gradient`
         # once per iteration and `slow_path` for what it leaves to Python.
         self.intake = _C.GradientIntake(len(params), passes, first_gradient, slow_path)
-        # Whether gradients accumulated under no_sync() wait in p.grad, not yet handed over.
-        self.held_back = False
+        self._state = state  # its held_back (Note [One iteration's state])
         self._params, self._routed, self._binding = params, routed, binding
 
     @property
@@ -69,7 +70,7 @@ class Accumulation:
             yield
         finally:
             intake.held = False
-            self.held_back = any(p.grad is not None for p in self._params) or \
+            self._state.held_back = any(p.grad is not None for p in self._params) or \
                 any(p.grad is not None for _, p in self._routed)
 
     def received(self, tensor_id: int) -> bool:
@@ -94,7 +95,7 @@ class Accumulation:
     def end_iteration(self) -> None:
         """start_over() after the iteration's reduction, which took what no_sync() held back with
         it (handed over by the next backward pass, or at step())."""
-        self.held_back = False
+        self._state.held_back = False
         # start_over's, without its call: this runs every iteration.
         self.intake.next_iteration(self.passes)
         if self._routed and self._binding.bound:

@@ -16,6 +16,7 @@ from ..wrap import TOO_MANY_BACKWARDS, dense_layout
 
 if TYPE_CHECKING:
     from ..engine.handle import EngineHandle
+    from ..iteration import IterationState
     from ..modes.overlap.runner import OverlapRunner
     from .accumulation import Accumulation
     from .sparse_route import SparseExchange
@@ -41,15 +42,13 @@ class GradientHooks:
     """Held by a Session. Nothing here refers to the session but through a weak reference
     (Note [a dropped optimizer releases its engine] in release.py)."""
 
-    def __init__(self, session: _Session) -> None:
+    def __init__(self, session: _Session, state: IterationState) -> None:
         self._session = weakref.ref(session)
         # Every hook handle, the dense parameters' first: the list the session's Resources
         # removes at release, so it is changed in place, never replaced.
         self.handles: list[Any] = []
         self.dense_count = 0  # dense gradients that reach the engine from a hook
-        # Gradients that arrived sparse on a dense-planned parameter this iteration: reduced
-        # dense, handed back sparse (Note [sparse gradients without a route]).
-        self.densified: set[int] = set()
+        self._state = state  # its densified tensors (Note [One iteration's state])
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -177,11 +176,11 @@ class GradientHooks:
         assert param.grad is not None
         param.grad = param.grad.to_dense()
         if hand_back_sparse:
-            self.densified.add(tensor_id)
+            self._state.densified.add(tensor_id)
 
     def resparsify(self, params: list[torch.Tensor]) -> None:
-        for tensor_id in self.densified:
+        for tensor_id in self._state.densified:
             param = params[tensor_id]
             if param.grad is not None and not param.grad.is_sparse:
                 param.grad = param.grad.to_sparse(1)
-        self.densified.clear()
+        self._state.densified.clear()

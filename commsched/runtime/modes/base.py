@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..intake.accumulation import Accumulation
     from ..intake.gradient_hooks import GradientHooks
     from ..intake.sparse_route import SparseExchange
+    from ..iteration import IterationState
     from ..planning.lifecycle import PlanLifecycle
     from ..step_vote import NoVote, StepVote
     from .overlap.runner import OverlapRunner
@@ -52,7 +53,7 @@ class ModeSession(Protocol):
     """What the modes read of the session that holds them (runtime/session.py, which imports
     this package)."""
 
-    iteration: int
+    state: IterationState
     config: Config
     deferred: DeferredUpdates
     params: list[torch.Tensor]

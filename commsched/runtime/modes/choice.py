@@ -111,7 +111,7 @@ class StepModes:
         session, runner = self._session, self.runner
         lifecycle = session.lifecycle
         if not self.plain.possible or session.accumulation.passes != 1 \
-                or not lifecycle.sampling.rarely or lifecycle.restore_unchecked \
+                or not lifecycle.sampling.rarely or session.state.restore_unchecked \
                 or (runner is not None and runner.recording):
             return
         if runner is not None and runner.active:

@@ -75,7 +75,7 @@ class PlainMode(SynchronousMode):
         """Not called: no hook hands a gradient over."""
 
     def synchronize(self) -> None:
-        self.session.iteration += 1
+        self.session.state.iteration += 1
 
     def update(self, step: Callable[[], Any], closure: Any) -> Any:
         return step()
@@ -88,5 +88,5 @@ class PlainMode(SynchronousMode):
         if not protocol.reduces:
             return super().step(optimizer, protocol, synchronize, closure)
         # What synchronize() and update() would do here, without their calls.
-        self.session.iteration += 1
+        self.session.state.iteration += 1
         return self.session.deferred.base_step(optimizer, closure)

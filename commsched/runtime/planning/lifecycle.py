@@ -48,6 +48,7 @@ from ...world import World, check_identical
 from ..compression.gradients import CompressedGradients
 from ..engine.handle import EngineHandle
 from ..engine.profiler import profile_document
+from ..iteration import IterationState
 from ..modes.overlap.runner import OverlapRunner
 from ..modes.shard_state import ShardedState
 from .auto.state import AutoState, Verdict
@@ -114,7 +115,8 @@ class Scaling:
 
 class PlanLifecycle:
     def __init__(self, world: World, config: Config, specs: list[TensorSpec],
-                 engine: EngineHandle, modes: ModeFollower, scaling: Scaling) -> None:
+                 engine: EngineHandle, modes: ModeFollower, scaling: Scaling,
+                 state: IterationState) -> None:
         self._world = world
         self._config = config
         self._specs = specs
@@ -126,9 +128,7 @@ class PlanLifecycle:
         self.auto: AutoState | None = AutoState() if config.policy is Policy.AUTO else None
         self.credit = config.credit_bytes  # kept for checkpoints: `auto` may choose another
         self.replan_at: int | None = None  # the iteration after which the policy's plan is built
-        # Whether a restored plan awaits the ranks' comparison at the next `check_restored`: callers
-        # test it before calling, so that a plain iteration spends no call on it.
-        self.restore_unchecked = False
+        self._state = state  # its restore_unchecked (Note [One iteration's state])
         self.sampling = SamplingSchedule(engine)
         # The profile document's collectives of the profiling steps, for the steady state's
         # re-plan (Note [Planning from the steady state]).
@@ -397,14 +397,14 @@ class PlanLifecycle:
         self.install_local(plan)
         self.set_credit(credit)
         self.replan_at = replan_at
-        self.restore_unchecked = self.restore_unchecked or compare
+        self._state.restore_unchecked = self._state.restore_unchecked or compare
 
     def check_restored(self, iteration: int) -> None:
         """After load_state_dict() changed the plan or the position, every rank compares them
         before the first collective of the next iteration (see
         commsched.runtime.checkpoint_entry)."""
-        if self.restore_unchecked:
-            self.restore_unchecked = False
+        if self._state.restore_unchecked:
+            self._state.restore_unchecked = False
             check_identical(self._world, "plans restored by load_state_dict() (policy, "
                             "fingerprint, iteration, re-plan iteration)",
                             [self.plan.policy, self.plan.fingerprint, iteration, self.replan_at])

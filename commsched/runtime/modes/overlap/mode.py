@@ -56,10 +56,10 @@ class OverlapMode(SynchronousMode):
     def _step_deferred(self) -> None:
         session, runner = self.session, self.runner
         session.publish("step")
-        session.vote.cast(session.iteration)  # where no gradient came in this iteration
+        session.vote.cast(session.state.iteration)  # where no gradient came in this iteration
         runner.finish()  # where no backward came since the last step(); else it holds nothing
-        if session.lifecycle.restore_unchecked:
-            session.lifecycle.check_restored(session.iteration)
+        if session.state.restore_unchecked:
+            session.lifecycle.check_restored(session.state.iteration)
         session.launch_rest()
         shard_step = self._shard_step()
         runner.gathers_parameters = shard_step is not None
