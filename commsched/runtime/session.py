@@ -128,7 +128,7 @@ class Session:
         # Note [Answering the others' collectives]; commsched.Join swaps it for its block.
         self.vote: NoVote | StepVote = StepVote(self.world) if config.uneven_inputs else NoVote()
         self.hooks.install(self.accumulation.intake, self.params, self.routed)
-        _activity.now = ("forward", time.monotonic(), self.state.iteration)
+        self.publish("forward")
 
     def bind(self) -> None:
         """Binds to the world of now (WorldBinding.bind), and starts the plan there."""
@@ -195,7 +195,7 @@ class Session:
         if self.binding.elastic:  # Note [Elastic Horovod] in world/bootstrap.py
             self.elastic_guard.rebind_if_stale(self.bind)
         self.accumulation.intake.started = True
-        _activity.now = ("backward", time.monotonic(), self.state.iteration)
+        self.publish("backward")
         if self.state.restore_unchecked:
             self.guarded(self.lifecycle.check_restored, self.state.iteration)
         self.mode.first_gradient()
