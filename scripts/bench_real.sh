@@ -3,7 +3,7 @@
 # with reduced inputs
 # (commsched/bench/real_models.py), under horovodrun, inside a network namespace whose loopback
 # is shaped so that `hvd` waits on communication for 40-70% of its iteration. Every policy
-# against `hvd` and torch DDP, with the floor (commsched.bench.compare --predict).
+# against `hvd` and torch DDP, with the floor (benchmarks.harness.compare_predict --predict).
 # A model over 100 M parameters holds a copy of itself, its gradients and SGD's momentum per
 # candidate and rank (docs/examples.md), so its candidates run in groups of at most five,
 # each group one job with `hvd` in it: every ratio is read against the `hvd` of its own job.
@@ -35,7 +35,7 @@ run() {  # model batch rate out candidates
   # 8 warm-up steps, then compare steps each commsched candidate on, untimed, until its plan
   # settles: its profiling steps, its re-plan ten steps later and `auto`'s checks and trials
   # (commsched.bench.compare.settling).
-  scripts/netem.sh run .venv/bin/horovodrun -np "$RANKS" --gloo .venv/bin/python -m commsched.bench.compare \
+  scripts/netem.sh run .venv/bin/horovodrun -np "$RANKS" --gloo .venv/bin/python -m benchmarks.harness.compare_predict \
     --model "$1" --batch-size "$2" --rounds "$ROUNDS" --steps 4 --warmup 8 --candidates "$5" \
     --predict --link-note "loopback shaped to $3" --out "$OUT/$4" 2>&1 | rank0_stdout
 }

@@ -27,7 +27,7 @@ for model in $MODELS; do
     mkdir -p "$dir"
     # Four candidates of a 110-138 M parameter model per rank fit this 24 GB machine
     # (docs/examples.md); one all-reduce of every gradient is measured for the floor.
-    .venv/bin/torchrun --standalone --nproc_per_node=2 -m commsched.bench.compare \
+    .venv/bin/torchrun --standalone --nproc_per_node=2 -m benchmarks.harness.compare_predict \
       --model "$model" --batch-size "${BATCH[$model]}" --candidates "$CANDIDATES" \
       --warmup 8 --rounds 3 --steps 4 --predict-dir "$dir/profiles" \
       --link-note "loopback, unshaped" --out "$dir/measured" 2>&1 | tee "$dir/measured.log" \

@@ -41,7 +41,7 @@ for rate in $RATES; do
     [ "$3" = 2 ] || dir="$dir-$3ranks"
     results+=("$dir/results.json")
     runs policies || continue
-    scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
+    scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m benchmarks.harness.compare_predict \
       --model "$1" --batch-size "$2" --rounds "${ROUNDS:-8}" --steps 8 --warmup 28 --candidates "$CANDIDATES" \
       --predict-dir "$dir/predict" --link-note "loopback shaped to $rate" --out "$dir" 2>&1 \
       | rank0_stdout
@@ -55,7 +55,7 @@ for spec in "cnn 64 2" "transformer 8 2" "cnn 64 3"; do
   [ "$3" = 2 ] || dir="$dir-$3ranks"
   sharded+=("$dir/results.json")
   runs sharded || continue
-  scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m commsched.bench.compare \
+  scripts/netem.sh run .venv/bin/horovodrun -np "$3" --gloo .venv/bin/python -m benchmarks.harness.compare_predict \
     --model "$1" --batch-size "$2" --rounds "${ROUNDS:-8}" --steps 8 --warmup 28 --optimizer adam \
     --memory --candidates "$SHARDED_CANDIDATES" --predict-dir "$dir/predict" \
     --link-note "loopback shaped to $SHARDED_RATE" --out "$dir" 2>&1 | rank0_stdout

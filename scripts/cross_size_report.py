@@ -1,5 +1,5 @@
 """Predicts each measured job on 3 ranks from the profiles of its 2-rank job, and back, on the
-same shaped loopback (commsched.bench.cross_size): the check that the scale sweep's other
+same shaped loopback (benchmarks.harness.cross_size): the check that the scale sweep's other
 sizes rest on. It reads committed reports only; nothing is run.
 
     .venv/bin/python scripts/cross_size_report.py            # writes benchmarks/scale/cross_size/
@@ -26,7 +26,7 @@ import statistics
 import sys
 from typing import Any
 
-from commsched.bench.cross_size import cross_size
+from benchmarks.harness.cross_size import cross_size
 from commsched.sim import profile_from_document
 from commsched.sim.floor import profile_compute_s
 
@@ -113,7 +113,7 @@ def render(report: dict[str, Any]) -> str:
              "same model's job on the other number of ranks, at the same link: planned as the "
              "run plans from its profile, on that profile's fitted collectives rescaled for the "
              "ranks that share the loopback (Note [Ranks on one shaped loopback] in "
-             "`commsched/bench/cross_size.py`). The compute stays the profile's. `auto` is "
+             "`benchmarks/harness/cross_size.py`). The compute stays the profile's. `auto` is "
              "predicted as the plan it kept in the predicted job.", "",
              "The last two columns separate the communication from the compute: the error "
              "with the other size's collectives (rescaled) but the predicted size's own "

@@ -19,7 +19,7 @@
 # left of them, so the script ends within about 8 minutes; a job cut short leaves no rows.
 #
 # Where torch sees a GPU, each model in $GPU_MODELS (default all four) is first recorded on it
-# (commsched.bench.device_profile: a world of one at the inputs the model trains on, its plain
+# (benchmarks.harness.device_profile: a world of one at the inputs the model trains on, its plain
 # step timed beside the profile's compute, Note [Device time on the host's clock]) and the
 # simulator predicts 8 to 256 workers at 10, 25 and 100 Gbit/s from that profile:
 # $OUT/gpu/<model>/{profile,recording,results}.json, table.md (scaling.png where matplotlib is).
@@ -137,7 +137,7 @@ logged() {  # what log command...
 }
 gpu_profile() {  # model dir seconds: the recording and the sweep, both within the seconds
   local end=$((SECONDS + $3))
-  timeout --kill-after=10 "$3" "$PY" -m commsched.bench.device_profile --model "$1" \
+  timeout --kill-after=10 "$3" "$PY" -m benchmarks.harness.device_profile --model "$1" \
     --device cuda --out "$2" \
   && timeout --kill-after=10 "$((end - SECONDS))" "$PY" -m commsched simulate \
     --profile "$2/profile.json" \
@@ -172,7 +172,7 @@ for model in $MODELS; do
     rm -rf "$dir"
     logged "$model on $n ranks (at most $left s)" "$OUT/$model-${n}ranks.log" \
       timeout --kill-after=10 "$left" ${LAUNCH[@]+"${LAUNCH[@]}"} "$PY" -m torch.distributed.run \
-        --standalone --nproc_per_node="$n" -m commsched.bench.compare --model "$model" \
+        --standalone --nproc_per_node="$n" -m benchmarks.harness.compare_predict --model "$model" \
         --batch-size "${BATCH[$model]}" --candidates "$CANDIDATES" --warmup "$WARMUP" \
         --rounds "$ROUND_COUNT" --steps "$STEPS" --predict-dir "$dir/profiles" \
         --link-note "$LINK" --out "$dir" && JOBS+=("$model-${n}ranks")

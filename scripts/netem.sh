@@ -10,7 +10,7 @@
 # 121-125 MB/s, but the 7x packet rate cost CPU that the ranks share on a 2-core machine, and
 # Horovod on 3 ranks fell to 1851 ms per CNN iteration (725 ms with this shaping). So the bucket
 # stays; the simulator's validation and the floor calibrate against one measured all-reduce of every
-# gradient where it matters (bench/validate.py).
+# gradient where it matters (benchmarks/harness/measured_vs_predicted.py).
 #   scripts/netem.sh up [RATE]   create namespace $NETNS (default csnet), shape lo to RATE (1gbit)
 #   scripts/netem.sh run CMD...  run CMD inside the namespace
 #   scripts/netem.sh show        print the qdisc

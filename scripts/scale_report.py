@@ -88,7 +88,7 @@ def measured_section(root: str, job: str) -> list[str]:
 
 
 def gpu_section(root: str, model: str) -> list[str]:
-    """One model's GPU profile (commsched.bench.device_profile): how it was recorded, its
+    """One model's GPU profile (benchmarks.harness.device_profile): how it was recorded, its
     compute against the plain step, and the sweep predicted from it."""
     folder = os.path.join("gpu", model)
     recording = _load(os.path.join(root, folder, "recording.json"))
@@ -155,7 +155,7 @@ def main() -> None:
              "so on a GPU the same links leave far more of the iteration to communication: "
              "these rows show the policies on this CPU's compute, not a GPU cluster's scaling. "
              "GPU profiles of these models have not been recorded yet: scripts/device_scale.sh "
-             "records them (commsched.bench.device_profile) and sweeps from them where a GPU "
+             "records them (benchmarks.harness.device_profile) and sweeps from them where a GPU "
              "is lent, into benchmarks/scale/device/.", "",
              "Whether one number of ranks predicts another: "
              "[cross_size/README.md](cross_size/README.md) predicts each 3-rank job measured "

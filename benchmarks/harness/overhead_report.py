@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from commsched.bench.resample import LEVEL, interval, resampled, round_series
+from .resample import LEVEL, interval, resampled, round_series
 
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
 SYNCHRONOUS = ("horovod", "ddp", "mgwfbp")
@@ -248,7 +248,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              "replacement (Note [The range of a best round] in "
              "benchmarks/harness/overhead_report.py)"
              + ("; a draw picks builds, then rounds of each (Note [Resampling builds] in "
-                "commsched/bench/resample.py)." if meta.get("instances", 1) > 1 else "."), "",
+                "benchmarks/harness/resample.py)." if meta.get("instances", 1) > 1 else "."), "",
              f"Allocator: {meta['allocator']}; all candidates share one "
              "process, and so one heap (Note [Page faults are the heap's, not the candidate's] "
              "in benchmarks/harness/allocator.py). Page faults per step: the median over rounds.",

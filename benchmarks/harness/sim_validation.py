@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import statistics
 
-from commsched.bench.compare_report import verdicts_of
-from commsched.bench.validate import AUTO_TOLERANCE
+from .measured_vs_predicted import AUTO_TOLERANCE
+from .prediction_report import verdicts_of
 
 
 def load_document(path: str) -> dict:

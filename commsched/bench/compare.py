@@ -11,7 +11,6 @@ optionally writes JSON, markdown and a PNG.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shlex
@@ -32,26 +31,17 @@ from ..outputs import OutputPathError, prepare_dir
 from ..runtime.modes.shard_state import state_bytes
 from ..torch_compat import ddp_kwargs
 from ..world.errors import import_horovod
-from .candidate import LOCAL, Candidate
-from .compare_predict import (
-    add_floor,
-    end_profiles,
-    keep_prediction_inputs,
-    prediction_inputs,
-    predictions,
-)
-from .compare_report import bound_lines, markdown_table, pair_lines, write_outputs
-from .compression_speed import (
+from .candidate import LOCAL, Candidate, parse_candidate
+from .compare_report import bound_lines, markdown_table, write_outputs
+from .compressed_candidates import (
     HVD_FP16,
     candidate_bytes,
     ddp_powersgd_kwargs,
-    parse_candidate,
     parse_ddp_powersgd,
     register_ddp_powersgd,
     split_compression,
 )
 from .models import MODEL_CHOICES, AnyModel, batch, build, loss_fn, model_name
-from .planner_pair import compare_pairs
 
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
@@ -278,6 +268,49 @@ def summarise(candidates: list[Candidate], memory: bool = False) -> list[dict]:
     return rows
 
 
+# Note [What ships measures; the repository predicts]
+# `compare` times candidates side by side: a user measures their own model with it. Setting
+# each measured run beside the simulator's prediction (--predict), `auto`'s verdict, the floor
+# and the planner pairs is the repository's report machinery (benchmarks/harness/
+# compare_predict.py), not shipped: it hands `main` a RunAnalysis of its own. The shipped one
+# only times, and names where the prediction lives when asked for it.
+class RunAnalysis:
+    """What a comparison does beyond timing its candidates: here nothing (the base and the
+    shipped default). A variant adds its arguments, keeps the commsched candidates' profiles
+    and analyses the timed run on every rank."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Adds the variant's command-line arguments to compare's `parser`."""
+        # Known, so that asking for them is refused by name (refusal), not as a typo.
+        parser.add_argument("--predict", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--predict-dir", default="", help=argparse.SUPPRESS)
+
+    def refusal(self, args: argparse.Namespace) -> str | None:
+        """Why these arguments cannot run (None: they can), before any training."""
+        if args.predict or args.predict_dir:
+            return ("--predict and --predict-dir simulate each candidate with the report "
+                    "machinery of commsched's repository, not installed with the package: from "
+                    "a checkout, run `python -m benchmarks.harness.compare_predict` with the "
+                    "same arguments")
+        return None
+
+    def directories(self, args: argparse.Namespace) -> list[tuple[str, str]]:
+        """(path, option) of each output directory the variant writes, checked before any
+        training."""
+        return []
+
+    def keeps_profiles(self, args: argparse.Namespace) -> tuple[bool, str]:
+        """(whether the commsched candidates are analysed from their profiles, the directory
+        their profiles are kept in or '')."""
+        return False, ""
+
+    def analyse(self, candidates: list[Candidate], wanted: list[str], rows: list[dict],
+                bound: dict, args: argparse.Namespace) -> str:
+        """Called on every rank after the timed rounds (it may gather); adds to `rows` and
+        `bound` on rank 0 and returns the lines results.md prints below the bound."""
+        return ""
+
+
 def typed_command(module: str, argv: list[str] | None) -> str:
     """A benchmark's command line as a user types it from the repository root (no path of
     this machine), for the reports."""
@@ -289,7 +322,20 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, analysis: RunAnalysis | None = None,
+         module: str = "commsched.bench.compare") -> int:
+    """Runs the comparison from the command line `argv` (sys.argv's by default).
+
+    Args:
+        argv: the arguments, without the program's name.
+        analysis: what the run does beyond timing (Note [What ships measures; the repository
+            predicts]); the shipped RunAnalysis only times.
+        module: the module the user ran, for the command the reports print.
+
+    Returns:
+        The exit status: 0, or 2 for arguments that cannot run.
+    """
+    analysis = analysis or RunAnalysis()
     keep_layout = argparse.RawDescriptionHelpFormatter  # the docstring's example keeps its lines
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=keep_layout)
     parser.add_argument("--model", type=model_name, default="cnn", choices=MODEL_CHOICES,
@@ -310,16 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                         "fullest rank holds per candidate (shard_optimizer, torch-zero)")
     parser.add_argument("--link-note", default="", help="what the network was, for the report")
     parser.add_argument("--out", default="", help="directory for results.json/.md/.png")
-    parser.add_argument("--predict", action="store_true", help="simulate each commsched "
-                        "candidate from its own profile (the world's: the rank the others "
-                        "waited for, every rank's compute); report prediction errors and the floor")
-    parser.add_argument("--predict-dir", default="", help="as --predict, and keep each "
-                        "candidate's profile in this directory (candidate<N>.json, when its "
-                        "profiling steps ended) and what its prediction was made from "
-                        "(candidate<N>-end.json: end-of-run profile, installed plan, policy)")
+    analysis.add_arguments(parser)
     args = parser.parse_args(argv)
+    refusal = analysis.refusal(args)
+    if refusal is not None:
+        print(f"compare: {refusal}", file=sys.stderr)
+        return 2
     try:  # before any training: a bad path is one line now, not a traceback after the run
-        for path, what in ((args.out, "--out"), (args.predict_dir, "--predict-dir")):
+        for path, what in ((args.out, "--out"), *analysis.directories(args)):
             if path:
                 prepare_dir(path, what)
     except OutputPathError as err:
@@ -330,39 +374,24 @@ def main(argv: list[str] | None = None) -> int:
     if world.size > 1 and not dist.is_initialized():
         raise SystemExit("compare needs torch.distributed for the DDP baseline")
     wanted = [c.strip() for c in args.candidates.split(",") if c.strip()]
-    predict = args.predict or bool(args.predict_dir)
-    candidates = make_candidates(args.model, wanted, args.batch_size, predict, args.predict_dir,
+    predict, profile_dir = analysis.keeps_profiles(args)
+    candidates = make_candidates(args.model, wanted, args.batch_size, predict, profile_dir,
                                  args.optimizer)
     run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates, args.memory)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
-    floor_profile = None
-    profiles = end_profiles(candidates) if predict else {}
-    if predict and world.rank == 0:
-        inputs = prediction_inputs(candidates, profiles)
-        bound["auto"] = predictions(inputs, rows, bound.get("min_comm_ms"))
-        floor_profile = add_floor(rows, bound, inputs)
-        bound["pairs"] = compare_pairs(wanted, [i.document for i in inputs if i.lossy is None],
-                                       rows, bound.get("min_comm_ms"))
-        if args.predict_dir:
-            keep_prediction_inputs(inputs, args.predict_dir, bound.get("min_comm_ms"))
+    notes = analysis.analyse(candidates, wanted, rows, bound, args)
     if world.rank == 0:
-        command = typed_command("commsched.bench.compare", argv)
+        command = typed_command(module, argv)
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))
-        print("\n" + bound_lines(bound) + pair_lines(bound.get("pairs")), flush=True)
-        for verdict in bound.get("auto") or []:
-            print(f"auto: {verdict}", flush=True)
+        print("\n" + bound_lines(bound) + notes, flush=True)
         if args.out:
             meta = {"model": args.model.value, "world_size": world.size, "command": command,
                     "network": args.link_note, "commit": source_commit(),
                     "args": vars(args) | {"model": args.model.value}}
-            write_outputs(args.out, rows, meta, bound)
-            if floor_profile is not None:  # what the floor was computed from, to re-check it
-                with open(os.path.join(args.out, "floor_profile.json"), "w",
-                          encoding="utf-8") as handle:
-                    json.dump(floor_profile, handle, indent=1)
+            write_outputs(args.out, rows, meta, bound, notes)
     commsched.shutdown()
     return 0
 

@@ -135,7 +135,7 @@ AUTO_STEPS = 30  # past auto's profiling, its choice's check window and its tria
 def _auto(rank: int) -> dict[str, Any]:
     """auto under sharding against unsharded horovod: every plan it tries runs sharded, and
     each is synchronous training's arithmetic (dear's update, deferred, is the same update)."""
-    from commsched.bench.validate import predict
+    from benchmarks.harness.measured_vs_predicted import predict
 
     plain = _train("horovod", "adam", False, rank, range(AUTO_STEPS))["params"]
     import commsched

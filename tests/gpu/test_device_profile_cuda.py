@@ -1,4 +1,4 @@
-"""commsched.bench.device_profile on CUDA: the free-running plain step is timed in a child
+"""benchmarks.harness.device_profile on CUDA: the free-running plain step is timed in a child
 without CUDA_LAUNCH_BLOCKING, the profile with it (Note [Device time on the host's clock]), and
 the profile's compute comes within a factor of that step."""
 
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_a_resnet50_recording_on_the_gpu(tmp_path: object) -> None:
     out = os.path.join(str(tmp_path), "resnet50")
     env = {k: v for k, v in os.environ.items() if k != "CUDA_LAUNCH_BLOCKING"}
-    done = subprocess.run([sys.executable, "-m", "commsched.bench.device_profile", "--model",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.harness.device_profile", "--model",
                            "resnet50", "--device", "cuda", "--batch-size", "16", "--steps", "10",
                            "--out", out], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=240, check=False)

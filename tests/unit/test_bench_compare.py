@@ -45,8 +45,8 @@ def two_tensor_document(before_first_ready_s: float = 0.07) -> dict:
 
 
 def test_floor_column_and_line() -> None:
+    from benchmarks.harness.measured_vs_predicted import floor_summary
     from commsched.bench.compare import bound_lines, markdown_table
-    from commsched.bench.validate import floor_summary
     from commsched.sim import FittedNetwork
 
     doc = two_tensor_document()
@@ -69,8 +69,8 @@ def test_floor_column_and_line() -> None:
 def test_floor_is_the_lowest_over_the_candidates_profiles() -> None:
     # Each profile measured compute under its own candidate's traffic; a floor must hold for
     # every candidate, so the report takes the lowest (and never below the naive bound).
+    from benchmarks.harness.compare_predict import PredictionInput, add_floor
     from commsched.bench.candidate import Candidate
-    from commsched.bench.compare_predict import PredictionInput, add_floor
     from commsched.config import Policy
 
     def item(index: int, name: str, doc: dict) -> PredictionInput:
@@ -95,7 +95,7 @@ def test_prediction_is_no_faster_than_the_measured_bulk_rate() -> None:
     # then the 4 ms step: 126 ms. The job's all-reduce of all 4000 B measured 82 ms, so the
     # block cannot take less (Note [No faster than the link's bulk rate]): 166 ms. In a world
     # of one (0 ms measured) the fit stands.
-    from commsched.bench.validate import predict_ms
+    from benchmarks.harness.measured_vs_predicted import predict_ms
     from commsched.config import Policy
     from commsched.plan import Block, Piece, Plan
 
@@ -150,8 +150,8 @@ def test_validation_summary_gives_median_and_worst_error(tmp_path) -> None:
 def test_auto_verdict_weighs_autos_own_median_against_the_fastest() -> None:
     """auto may pick the fastest policy and run slower (other knobs), or another policy and
     run as fast: both the pick and the ratio of medians are reported."""
-    from commsched.bench.compare_report import auto_line
-    from commsched.bench.validate import auto_verdict
+    from benchmarks.harness.measured_vs_predicted import auto_verdict
+    from benchmarks.harness.prediction_report import auto_line
 
     rows = [{"name": "hvd", "median_ms": 50.0},
             {"name": "commsched:dear?fusion_threshold=4MiB", "median_ms": 100.0},
@@ -178,8 +178,8 @@ def test_auto_verdict_weighs_autos_own_median_against_the_fastest() -> None:
 
 
 def test_auto_verdict_shows_the_trial_windows_autos_choice_rested_on() -> None:
-    from commsched.bench.compare_report import auto_line
-    from commsched.bench.validate import auto_verdict
+    from benchmarks.harness.measured_vs_predicted import auto_verdict
+    from benchmarks.harness.prediction_report import auto_line
 
     def window(policy: str, seconds: float | None, why: str = "trial") -> dict:
         return {"policy": policy, "knobs": {}, "predicted_s": 0.1, "measured_s": seconds,
@@ -205,8 +205,8 @@ def test_auto_verdict_shows_the_trial_windows_autos_choice_rested_on() -> None:
 def test_each_compressed_auto_is_weighed_against_its_own_compressor() -> None:
     """auto never changes the compressor it was given: auto with top-k is compared with the
     top-k candidates only, and each auto of a job gets its own line."""
-    from commsched.bench.compare_report import auto_line
-    from commsched.bench.validate import auto_verdict
+    from benchmarks.harness.measured_vs_predicted import auto_verdict
+    from benchmarks.harness.prediction_report import auto_line
 
     psgd, topk = "compression=powersgd&powersgd_rank=4", "compression=topk&topk_ratio=0.01"
     rows = [{"name": f"commsched:ddp?{psgd}", "median_ms": 130.0},
@@ -225,10 +225,10 @@ def test_each_compressed_auto_is_weighed_against_its_own_compressor() -> None:
     assert f"`commsched:auto?{topk}` picked" in text
 
 
-# -- compression candidates (commsched.bench.compression_speed) ----------------------------------
+# -- compression candidates (commsched.bench.compressed_candidates) ---------------------------
 
 def test_ddp_powersgd_candidate_parsing() -> None:
-    from commsched.bench.compression_speed import DdpPowerSGD, parse_ddp_powersgd
+    from commsched.bench.compressed_candidates import DdpPowerSGD, parse_ddp_powersgd
 
     assert parse_ddp_powersgd("torch-ddp") is None
     assert parse_ddp_powersgd("torch-ddp-powersgd") == DdpPowerSGD(4, 2, 2.0)
@@ -242,7 +242,7 @@ def test_ddp_powersgd_candidate_parsing() -> None:
 
 
 def test_commsched_compression_knobs_become_the_compressor() -> None:
-    from commsched.bench.compression_speed import split_compression
+    from commsched.bench.compressed_candidates import split_compression
     from commsched.compression import Compression, NoneCompressor
     from commsched.config import ConfigError
 
@@ -264,7 +264,7 @@ SHAPES = [((20, 30), 4), ((20,), 4), ((2, 3, 4), 4)]
 
 
 def test_bytes_per_iteration_hvd_and_ddp_powersgd() -> None:
-    from commsched.bench.compression_speed import DdpPowerSGD, ddp_powersgd_bytes, hvd_bytes
+    from commsched.bench.compressed_candidates import DdpPowerSGD, ddp_powersgd_bytes, hvd_bytes
 
     # 644 floats: 2576 B, or 1288 B as fp16; 2 ranks on a ring send 2 x 1/2 of the buffer.
     assert hvd_bytes(SHAPES, 2).payload == 2576 and hvd_bytes(SHAPES, 2).sent == 2576
@@ -278,7 +278,7 @@ def test_bytes_per_iteration_hvd_and_ddp_powersgd() -> None:
 
 
 def test_bytes_per_iteration_of_commsched_plans() -> None:
-    from commsched.bench.compression_speed import plan_bytes
+    from commsched.bench.compressed_candidates import plan_bytes
     from commsched.plan import Block, Collective, Piece, Plan
 
     # One all-reduce of 144 floats (b, P, Q of the test above) and top-k's two all-gathered
@@ -317,12 +317,13 @@ def test_predict_simulates_every_commsched_candidate_without_a_profile_folder(tm
     # prediction; others get none.
     import json
 
-    from commsched.bench import compare
+    from benchmarks.harness import compare_predict
 
     out = tmp_path / "out"
-    assert compare.main(["--model", "mlp", "--candidates", "local (no comm),commsched:horovod",
-                         "--warmup", "12", "--rounds", "1", "--steps", "3", "--predict",
-                         "--out", str(out)]) == 0
+    assert compare_predict.main(["--model", "mlp", "--candidates",
+                                 "local (no comm),commsched:horovod", "--warmup", "12",
+                                 "--rounds", "1", "--steps", "3", "--predict",
+                                 "--out", str(out)]) == 0
     report = json.loads((out / "results.json").read_text())
     rows = {row["name"]: row for row in report["rows"]}
     assert rows["commsched:horovod"]["predicted_ms"] > 0
@@ -337,15 +338,16 @@ def test_predict_dir_keeps_what_each_prediction_was_made_from(tmp_path) -> None:
     # prediction, so a change to the fit or the simulator can be checked on a kept run.
     import json
 
-    from commsched.bench import compare
-    from commsched.bench.validate import predict_ms
+    from benchmarks.harness import compare_predict
+    from benchmarks.harness.measured_vs_predicted import predict_ms
     from commsched.config import Policy
     from commsched.plan.serialize import plan_from_dict
 
     out, kept = tmp_path / "out", tmp_path / "profiles"
-    assert compare.main(["--model", "mlp", "--candidates", "local (no comm),commsched:mgwfbp",
-                         "--warmup", "12", "--rounds", "1", "--steps", "3",
-                         "--predict-dir", str(kept), "--out", str(out)]) == 0
+    assert compare_predict.main(["--model", "mlp", "--candidates",
+                                 "local (no comm),commsched:mgwfbp", "--warmup", "12",
+                                 "--rounds", "1", "--steps", "3", "--predict-dir", str(kept),
+                                 "--out", str(out)]) == 0
     report = json.loads((out / "results.json").read_text())
     predicted = {row["name"]: row["predicted_ms"] for row in report["rows"]}
     assert sorted(p.name for p in kept.iterdir()) == ["candidate1-end.json", "candidate1.json"]

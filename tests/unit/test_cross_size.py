@@ -1,4 +1,4 @@
-"""commsched.bench.cross_size: a profile of one number of ranks predicts another on the same
+"""benchmarks.harness.cross_size: a profile of one number of ranks predicts another on the same
 shared loopback (issue 55, item 4's validation rows), and the committed report
 (benchmarks/scale/cross_size/) is what scripts/cross_size_report.py computes from the committed
 jobs."""
@@ -11,7 +11,7 @@ import pathlib
 import pytest
 from script_modules import load_script
 
-from commsched.bench.cross_size import predict_on, rescaled_document, shared_link_factor
+from benchmarks.harness.cross_size import predict_on, rescaled_document, shared_link_factor
 from commsched.config import Policy
 from commsched.plan import Collective
 from commsched.sim import FittedNetwork

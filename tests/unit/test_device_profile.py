@@ -1,4 +1,4 @@
-"""commsched.bench.device_profile on CPU (its CUDA path is tests/gpu/test_device_profile_cuda.py)
+"""benchmarks.harness.device_profile on CPU (its CUDA path is tests/gpu/test_device_profile_cuda.py)
 and the GPU section scripts/scale_report.py renders from its output: one recording, simulated
 and reported as scripts/device_scale.sh does."""
 
@@ -31,7 +31,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> str:
     """ResNet-50 recorded on CPU at reduced inputs, then swept as device_scale.sh sweeps."""
     root = str(tmp_path_factory.mktemp("scale"))
     folder = os.path.join(root, "gpu", "resnet50")
-    done = _run("-m", "commsched.bench.device_profile", "--model", "resnet50", "--device", "cpu",
+    done = _run("-m", "benchmarks.harness.device_profile", "--model", "resnet50", "--device", "cpu",
                 "--inputs", "reduced", "--batch-size", "2", "--steps", "8", "--warmup", "1",
                 "--timed", "3", "--out", folder)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -89,14 +89,14 @@ def test_full_inputs_are_what_the_models_train_on() -> None:
 
 
 def test_a_recording_without_out_is_refused() -> None:
-    done = _run("-m", "commsched.bench.device_profile", "--model", "resnet50", "--device", "cpu")
+    done = _run("-m", "benchmarks.harness.device_profile", "--model", "resnet50", "--device", "cpu")
     assert done.returncode == 2 and "--out is required" in done.stderr
 
 
 def test_only_the_recording_child_blocks_its_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note [Device time on the host's clock]: the variable reaches the recording's process
     only, never the plain step's, even when the parent has it."""
-    from commsched.bench import device_profile
+    from benchmarks.harness import device_profile
 
     seen: dict[str, dict[str, str]] = {}
 

@@ -54,8 +54,18 @@ def test_benchmarks_refuse_a_bad_out_before_training(
 
 def test_compare_refuses_a_bad_predict_dir(blocker: pathlib.Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    assert compare.main(["--predict-dir", str(blocker / "p")]) == 2
+    from benchmarks.harness import compare_predict
+
+    assert compare_predict.main(["--predict-dir", str(blocker / "p")]) == 2
     assert "--predict-dir" in capsys.readouterr().err
+
+
+def test_shipped_compare_names_where_its_predictions_live(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Note [What ships measures; the repository predicts]: refused before any training.
+    for flags in (["--predict"], ["--predict-dir", "somewhere"]):
+        assert compare.main(flags) == 2
+        assert "python -m benchmarks.harness.compare_predict" in capsys.readouterr().err
 
 
 def test_simulate_refuses_bad_outputs_and_makes_folders(

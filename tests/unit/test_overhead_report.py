@@ -9,9 +9,8 @@ import pathlib
 
 import pytest
 
-from benchmarks.harness import overhead, overhead_report
+from benchmarks.harness import overhead, overhead_report, resample
 from benchmarks.harness.overhead_report import CONTROL
-from commsched.bench import resample
 
 PLAIN_ROUNDS = [40.0, 41.0, 40.5, 42.0, 40.2, 41.5, 40.8, 43.0, 40.1, 41.2]
 

@@ -1,4 +1,5 @@
-"""Two planners compared apart from the noise between two candidates (bench/planner_pair.py)."""
+"""Two planners compared apart from the noise between two candidates
+(benchmarks/harness/planner_pair.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import json
 
 import pytest
 
-from commsched.bench.compare_report import pair_lines
-from commsched.bench.planner_pair import (
+from benchmarks.harness.planner_pair import (
     compare_pairs,
     pair_labels,
     paired_ratio,
     planners_on_same_profiles,
 )
+from benchmarks.harness.prediction_report import pair_lines
 from commsched.sim.profile import builtin_path
 
 PROPHET = "commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB"
@@ -85,7 +86,7 @@ def test_the_baseline_at_several_knobs_pairs_with_the_challengers_knobs() -> Non
 def test_a_control_repeats_its_candidate_and_is_measured_against_it() -> None:
     # Note [A control candidate]: the control parses as the candidate it repeats, pairs with no
     # planner, and its distance from the candidate is reported beside the pair.
-    from commsched.bench.compression_speed import CONTROL, is_control, parse_candidate
+    from commsched.bench.candidate import CONTROL, is_control, parse_candidate
 
     control = BYTESCHEDULER + CONTROL
     assert is_control(control) and not is_control(BYTESCHEDULER)

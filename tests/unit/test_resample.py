@@ -1,4 +1,4 @@
-"""The interval a judged ratio covers over resampled rounds (bench/resample.py)."""
+"""The interval a judged ratio covers over resampled rounds (benchmarks/harness/resample.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import statistics
 
 import pytest
 
-from commsched.bench.compare_report import auto_line, pair_lines
-from commsched.bench.planner_pair import compare_pairs
-from commsched.bench.resample import interval, resampled, round_series, share_at_most
-from commsched.bench.validate import auto_verdict
+from benchmarks.harness.measured_vs_predicted import auto_verdict
+from benchmarks.harness.planner_pair import compare_pairs
+from benchmarks.harness.prediction_report import auto_line, pair_lines
+from benchmarks.harness.resample import interval, resampled, round_series, share_at_most
 
 
 def test_round_series_needs_the_same_rounds_of_every_named_row() -> None:

@@ -159,7 +159,7 @@ def test_validation_predicts_a_compressed_run_from_its_profile() -> None:
     # The bench's prediction for a compressed candidate: its profile (no shapes: the profiler
     # writes none; the model's are added), its installed plan, its fitted network (alpha 2 ms,
     # 10 us per byte: the numbers of the timeline above, 24.8 ms).
-    from commsched.bench.validate import predict_ms
+    from benchmarks.harness.measured_vs_predicted import predict_ms
     from commsched.config import Policy
 
     doc = document(shapes=False)

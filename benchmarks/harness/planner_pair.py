@@ -14,7 +14,7 @@ figures separate the planners from that:
   per-round ratios is not moved by a slow phase of the machine that fell on one of them.
 
 Where a member of the pair also runs as a control (Note [A control candidate] in
-compression_speed.py), the pair carries the member against its control, measured the same
+commsched/bench/candidate.py), the pair carries the member against its control, measured the same
 ways: how far apart one candidate lands from itself in this job.
 """
 
@@ -23,10 +23,11 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..config import Policy, load_config
-from ..sim import FittedNetwork, profile_from_document
-from ..sim.rank import PlanCache
-from .compression_speed import CONTROL, is_control, parse_candidate
+from commsched.bench.candidate import CONTROL, is_control, parse_candidate
+from commsched.config import Policy, load_config
+from commsched.sim import FittedNetwork, profile_from_document
+from commsched.sim.rank import PlanCache
+
 from .resample import ratio_interval, round_series
 
 # (challenger, baseline): Prophet is ByteScheduler's priority rule with blocks sized from the
@@ -58,7 +59,7 @@ def planners_on_same_profiles(documents: list[dict], first: str, second: str,
                               allreduce_all_ms: float | None) -> dict[str, Any] | None:
     """`first`'s and `second`'s planners (commsched candidate labels, knobs included) on each
     document that can simulate an overlap plan, as validate.predict_ms simulates a candidate."""
-    from .validate import predict
+    from .measured_vs_predicted import predict
 
     ratios, identical = [], 0
     for document in documents:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compression import LossyCompression
-from ..config import Policy
-from ..plan import Collective, NetModel, Plan
-from ..plan.sharding import sharded_plan
-from ..sim import FittedNetwork, Mode, Network, SimResult, profile_from_document, simulate
-from ..sim.channel import at_bulk_rate
-from ..sim.compressed import compress_run, with_shapes
-from ..sim.floor import schedule_floor
-from ..sim.network import bulk_seconds_per_wire_byte
-from .compression_speed import COMPRESSION_KNOBS, is_control, parse_candidate
+from commsched.bench.candidate import is_control, parse_candidate
+from commsched.bench.compressed_candidates import COMPRESSION_KNOBS
+from commsched.compression import LossyCompression
+from commsched.config import Policy
+from commsched.plan import Collective, NetModel, Plan
+from commsched.plan.sharding import sharded_plan
+from commsched.sim import FittedNetwork, Mode, Network, SimResult, profile_from_document, simulate
+from commsched.sim.channel import at_bulk_rate
+from commsched.sim.compressed import compress_run, with_shapes
+from commsched.sim.floor import schedule_floor
+from commsched.sim.network import bulk_seconds_per_wire_byte
+
 from .resample import interval, resampled, round_series, share_at_most
 
 

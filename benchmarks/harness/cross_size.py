@@ -23,11 +23,12 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Policy, load_config
-from ..sim import FittedNetwork, profile_from_document
-from ..sim.rank import PlanCache
-from .compression_speed import parse_candidate
-from .validate import predict
+from commsched.bench.candidate import parse_candidate
+from commsched.config import Policy, load_config
+from commsched.sim import FittedNetwork, profile_from_document
+from commsched.sim.rank import PlanCache
+
+from .measured_vs_predicted import predict
 
 
 def shared_link_factor(ranks_from: int, ranks_to: int) -> float:

@@ -1,5 +1,5 @@
-"""Compression candidates for ``commsched.bench.compare`` (issue 15, item 6), the bytes each
-sends per iteration, and the parser of a commsched candidate's label (`parse_candidate`).
+"""Compression candidates for ``commsched.bench.compare`` (issue 15, item 6), and the bytes each
+candidate sends per iteration.
 
 Candidates (beside compare's own):
     hvd-fp16                     hvd.DistributedOptimizer with hvd.Compression.fp16
@@ -42,26 +42,6 @@ HVD_FP16 = "hvd-fp16"
 DDP_POWERSGD = "torch-ddp-powersgd"
 COMPRESSION_KNOBS = ("compression", "powersgd_rank", "powersgd_start_step", "powersgd_min_ratio",
                      "topk_ratio", "topk_start_step", "topk_warmup_steps")
-
-
-# Note [A control candidate]
-# A label ending in CONTROL runs the same candidate a second time, on its own model copy and
-# with its own profile, like the overhead benchmark's `plain (control)`: the two differ only by
-# the run's noise and by what each one's profiling drew, so their distance is the smallest
-# difference the job can tell from noise. A control counts for no comparison of policies.
-CONTROL = "#control"
-
-
-def is_control(label: str) -> bool:
-    return label.endswith(CONTROL)
-
-
-def parse_candidate(label: str) -> tuple[str, dict[str, Any]]:
-    """'commsched:prophet?partition_bytes=1MiB&credit_bytes=2MiB' -> ('prophet', {...}); a
-    control (Note [A control candidate]) parses as the candidate it repeats."""
-    policy, _, query = label.removeprefix("commsched:").removesuffix(CONTROL).partition("?")
-    knobs: dict[str, Any] = dict(item.split("=", 1) for item in query.split("&") if item)
-    return policy, knobs
 
 
 @dataclass(frozen=True)

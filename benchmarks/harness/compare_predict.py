@@ -1,19 +1,30 @@
-"""The comparison's predictions: each commsched candidate simulated from its own end-of-run
-profile (the world's: the rank the others waited for, every rank's compute), `auto`'s verdict,
-the floor of any cross-iteration schedule, and the inputs kept for later re-checks."""
+"""`commsched.bench.compare` with its predictions: each commsched candidate simulated from its
+own end-of-run profile (the world's: the rank the others waited for, every rank's compute),
+`auto`'s verdict, the floor of any cross-iteration schedule, the planner pairs, and the inputs
+kept for later re-checks (Note [What ships measures; the repository predicts] in
+commsched/bench/compare.py). Takes compare's arguments and --predict / --predict-dir, from the
+repository root:
+
+    horovodrun -np 2 --gloo python -m benchmarks.harness.compare_predict --model cnn --predict
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import commsched
-
-from ..compression import LossyCompression
-from ..config import Policy
-from ..runtime.planning.world_profile import (
+from commsched.bench.candidate import Candidate, parse_candidate
+from commsched.bench.compare import RunAnalysis
+from commsched.bench.compare import main as compare_main
+from commsched.bench.compressed_candidates import lossy_of
+from commsched.compression import LossyCompression
+from commsched.config import Policy
+from commsched.runtime.planning.world_profile import (
     IterationRow,
     critical_rank,
     document_samples,
@@ -21,8 +32,10 @@ from ..runtime.planning.world_profile import (
     with_world_compute,
     world_compute,
 )
-from .candidate import Candidate
-from .compression_speed import lossy_of, parse_candidate
+
+from .measured_vs_predicted import add_predictions, auto_verdict, floor_summary, predict_ms
+from .planner_pair import compare_pairs
+from .prediction_report import prediction_lines
 
 
 @dataclass(frozen=True)
@@ -81,12 +94,10 @@ def prediction_inputs(candidates: list[Candidate],
 def predictions(inputs: list[PredictionInput], rows: list[dict[str, Any]],
                 allreduce_all_ms: float | None = None) -> list[dict]:
     """Rank 0: the simulator's prediction per commsched candidate, no faster than the link's
-    bulk rate where `allreduce_all_ms` measured it (validate.predict_ms); each `auto`
+    bulk rate where `allreduce_all_ms` measured it (measured_vs_predicted.predict_ms); each `auto`
     candidate's pick checked against the measured-fastest policy. `auto` is simulated like the
     others, with the policy it chose; what it predicted when it chose is reported beside its
     pick."""
-    from .validate import add_predictions, auto_verdict, predict_ms
-
     predicted, autos = {}, []
     for item in inputs:
         auto = getattr(item.cand.optimizer, "auto", None)
@@ -105,7 +116,7 @@ def keep_prediction_inputs(inputs: list[PredictionInput], directory: str,
     and whose it is, the installed plan, the policy simulated, the parameters' shapes and the
     measured all-reduce of every gradient) as candidate<N>-end.json, so that a change to the fit
     or the simulator can be checked against a run without running it again."""
-    from ..plan.serialize import plan_to_dict
+    from commsched.plan.serialize import plan_to_dict
 
     for item in inputs:
         document = {"candidate": item.cand.name, "policy": item.policy.value,
@@ -131,8 +142,7 @@ def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> d
     forward and backward (the 2-rank CNN's bytescheduler profile gave a floor well above the
     time dear measured, and dear's own profile one just under it; figures:
     benchmarks/notes/README.md, 'add_floor'), and a floor must hold for all of them."""
-    from ..sim import profile_from_document
-    from .validate import floor_summary
+    from commsched.sim import profile_from_document
 
     # A compressed candidate's floor would assume its whole gradients on the wire.
     profiled = [item for item in inputs if item.lossy is None]
@@ -148,3 +158,59 @@ def add_floor(rows: list[dict], bound: dict, inputs: list[PredictionInput]) -> d
     for row in rows:
         row["vs_floor"] = row["median_ms"] / floor if floor else None
     return source.document
+
+
+class Prediction(RunAnalysis):
+    """compare's run analysed by the simulator: --predict, and --predict-dir to keep what each
+    prediction was made from."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--predict", action="store_true", help="simulate each commsched "
+                            "candidate from its own profile (the world's: the rank the others "
+                            "waited for, every rank's compute); report prediction errors and "
+                            "the floor")
+        parser.add_argument("--predict-dir", default="", help="as --predict, and keep each "
+                            "candidate's profile in this directory (candidate<N>.json, when its "
+                            "profiling steps ended) and what its prediction was made from "
+                            "(candidate<N>-end.json: end-of-run profile, installed plan, policy)")
+
+    def refusal(self, args: argparse.Namespace) -> str | None:
+        return None
+
+    def directories(self, args: argparse.Namespace) -> list[tuple[str, str]]:
+        return [(args.predict_dir, "--predict-dir")]
+
+    def keeps_profiles(self, args: argparse.Namespace) -> tuple[bool, str]:
+        return args.predict or bool(args.predict_dir), args.predict_dir
+
+    def analyse(self, candidates: list[Candidate], wanted: list[str], rows: list[dict],
+                bound: dict, args: argparse.Namespace) -> str:
+        if not self.keeps_profiles(args)[0]:
+            return ""
+        profiles = end_profiles(candidates)
+        if commsched.rank() != 0:
+            return ""
+        inputs = prediction_inputs(candidates, profiles)
+        bound["auto"] = predictions(inputs, rows, bound.get("min_comm_ms"))
+        floor_profile = add_floor(rows, bound, inputs)
+        bound["pairs"] = compare_pairs(wanted, [i.document for i in inputs if i.lossy is None],
+                                       rows, bound.get("min_comm_ms"))
+        if args.predict_dir:
+            keep_prediction_inputs(inputs, args.predict_dir, bound.get("min_comm_ms"))
+        for verdict in bound["auto"]:
+            print(f"auto: {verdict}", flush=True)
+        if args.out and floor_profile is not None:  # what the floor came from, to re-check it
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "floor_profile.json"), "w",
+                      encoding="utf-8") as handle:
+                json.dump(floor_profile, handle, indent=1)
+        return prediction_lines(bound)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """compare's main with the predictions (compare's arguments, --predict, --predict-dir)."""
+    return compare_main(argv, analysis=Prediction(), module=__spec__.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ same device: the profile's compute against that step is the validation row. Then
 `python -m commsched simulate --profile DIR/profile.json` predicts any number of workers on any
 link from the device's own compute (scripts/device_scale.sh does both on a lent GPU).
 
-    python -m commsched.bench.device_profile --model resnet50 --device cuda --out DIR
+    python -m benchmarks.harness.device_profile --model resnet50 --device cuda --out DIR
 
 Writes DIR/profile.json (the profile) and DIR/recording.json (what was run, and the validation).
 
@@ -40,14 +40,13 @@ from collections.abc import Callable
 import torch
 
 import commsched
-
-from ..outputs import OutputPathError, prepare_dir
-from ..sim.floor import profile_compute_s
-from ..sim.profile import profile_from_document
-from .real_models import Inputs, RealModel, batch, build, loss_fn
+from commsched.bench.real_models import Inputs, RealModel, batch, build, loss_fn
+from commsched.outputs import OutputPathError, prepare_dir
+from commsched.sim.floor import profile_compute_s
+from commsched.sim.profile import profile_from_document
 
 BLOCKING = "CUDA_LAUNCH_BLOCKING"
-MODULE = "commsched.bench.device_profile"  # __name__ is "__main__" under -m
+MODULE = "benchmarks.harness.device_profile"  # __name__ is "__main__" under -m
 # Per-device batches of common data-parallel recipes at Inputs.FULL.
 FULL_BATCH = {RealModel.RESNET50: 64, RealModel.VGG16: 64, RealModel.BERT: 32,
               RealModel.GPT2: 8}

@@ -1,0 +1,349 @@
+"""The benchmark jobs, as a table (Note [One driver, a table of jobs] in driver.py). Each job's
+knobs are environment variables with their defaults, as its script always read them
+(`CNN_RATE=2gbit scripts/bench_overlap.sh`); its runs are launches; its report is the README
+text written into OUT once every run is done (None: the job's harness writes its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+Knobs = Mapping[str, str]
+
+# compare, with --predict (Note [What ships measures; the repository predicts] in
+# commsched/bench/compare.py).
+COMPARE = "benchmarks.harness.compare_predict"
+
+
+class Launcher(Enum):
+    """How a run's processes start."""
+
+    PYTHON = "python"  # one process
+    HOROVODRUN = "horovodrun"  # horovodrun -np N --gloo python ...
+    TORCHRUN = "torchrun"  # torchrun --nproc-per-node=N (it runs python itself)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One run of a job."""
+
+    argv: tuple[str, ...]  # what python (or torchrun) runs: ("-m", module, ...) or a script
+    ranks: int = 1
+    launcher: Launcher = Launcher.PYTHON
+    rate: str | None = None  # the shaped loopback's rate; None: the plain one
+    env: tuple[tuple[str, str], ...] = ()  # set for this run only
+
+
+@dataclass(frozen=True)
+class Job:
+    """One benchmark job: its name, what it measures, its knobs, its runs and its report."""
+
+    name: str
+    summary: str
+    defaults: dict[str, str]
+    launches: Callable[[Knobs], list[Launch]]
+    report: Callable[[Knobs], str] | None = None
+    netns: str = "csnet"  # the namespace its link is shaped in (another job may hold csnet)
+    knob_names: tuple[str, ...] = ()  # knobs the report's command line names
+
+    def knobs_from(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The job's knobs: each default, unless the environment sets it."""
+        return {key: environ.get(key, value) for key, value in self.defaults.items()}
+
+    def netns_from(self, environ: Mapping[str, str]) -> str:
+        """The namespace the job shapes: NETNS where the environment sets it."""
+        return environ.get("NETNS", self.netns)
+
+    def command_line(self, knobs: Knobs) -> str:
+        """How the report says the job was run: its script and the knobs it names."""
+        assigned = " ".join(f"{key}={_shell_word(knobs[key])}" for key in self.knob_names)
+        return f"{assigned} scripts/bench_{self.name}.sh".strip()
+
+
+def _shell_word(value: str) -> str:
+    return f'"{value}"' if " " in value else value
+
+
+def compare_run(model: str, batch: int, knobs: Knobs, out: str, candidates: str, *,
+                rate: str | None, ranks: int = 2, rounds: int = 8, steps: int = 8,
+                warmup: int = 28, extra: tuple[str, ...] = ("--predict",)) -> Launch:
+    """One horovodrun job of `compare` (with its predictions) on `model`."""
+    note = f"loopback shaped to {rate}" if rate is not None else "unshaped loopback"
+    return Launch(("-m", COMPARE, "--model", model, "--batch-size", str(batch),
+                   "--rounds", str(rounds), "--steps", str(steps), "--warmup", str(warmup),
+                   "--candidates", candidates, *extra, "--link-note", note,
+                   "--out", os.path.join(knobs["OUT"], out)),
+                  ranks=ranks, launcher=Launcher.HOROVODRUN, rate=rate)
+
+
+def results_section(path: str) -> str:
+    """A run's results.md as a section of the job's README (its title one level down)."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    return "\n".join("#" + line if line.startswith("# ") else line for line in lines)
+
+
+def _sections(knobs: Knobs, runs: list[str], after: Callable[[str], str] = lambda _: "") -> str:
+    text = ""
+    for run in runs:
+        text += (f"\n{results_section(os.path.join(knobs['OUT'], run, 'results.md'))}\n"
+                 f"{after(run)}\n![{run}]({run}/results.png)\n")
+    return text
+
+
+# -- unshaped ------------------------------------------------------------------------------------
+
+UNSHAPED_CANDIDATES = ("local (no comm),hvd,torch-ddp,commsched:horovod,commsched:ddp,"
+                       "commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"
+                       "commsched:dear?fusion_threshold=4MiB,commsched:auto")
+
+
+def _unshaped_runs(knobs: Knobs) -> list[Launch]:
+    # 24 rounds of 8 steps: with 4, hvd's CNN median was 64.0 ms in one run and 56.6 ms in the
+    # next; with 8, `auto` running the very plan of the mgwfbp candidate measured 2.8% slower
+    # than it; with 16, prophet read 1.083x bytescheduler on the CNN with the very same blocks.
+    rounds = int(knobs["ROUNDS"])
+    return [compare_run(model, batch, knobs, model, UNSHAPED_CANDIDATES, rate=None,
+                        rounds=rounds, warmup=30) for model, batch in (("cnn", 16),
+                                                                       ("transformer", 8))]
+
+
+def _unshaped_report(knobs: Knobs) -> str:
+    return ("# Unshaped loopback, 2 ranks: every policy against hvd\n\n"
+            f"Command: `{UNSHAPED.command_line(knobs)}` (one horovodrun job per model, "
+            "candidates interleaved round by round; iteration time = time between the slowest "
+            "rank's consecutive step completions; predicted ms: the simulator from each "
+            "commsched candidate's own profile).\n"
+            + _sections(knobs, ["cnn", "transformer"]))
+
+
+UNSHAPED = Job("unshaped", "2 ranks on the plain loopback, the CNN and the Transformer: every "
+               "policy and auto against hvd and DDP", {"OUT": "benchmarks/unshaped",
+                                                       "ROUNDS": "24"},
+               _unshaped_runs, _unshaped_report)
+
+
+# -- overlap -------------------------------------------------------------------------------------
+
+# The second bytescheduler 2 MiB (#control: Note [A control candidate] in
+# commsched/bench/candidate.py) is prophet's baseline run twice: prophet against bytescheduler
+# is read beside bytescheduler against itself.
+OVERLAP_CANDIDATES = (
+    "local (no comm),hvd,torch-ddp,commsched:horovod,commsched:mgwfbp,"
+    "commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,"
+    "commsched:bytescheduler?partition_bytes=1MiB&credit_bytes=2MiB,"
+    "commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,"
+    "commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB#control,"
+    "commsched:dear?fusion_threshold=4MiB,commsched:auto")
+
+
+def _overlap_runs(knobs: Knobs) -> list[Launch]:
+    # 28 warm-up steps cover auto's profiling steps and its 20-step check; compare steps `auto`
+    # on until its re-plan and trials are over (commsched.bench.compare.settling). 8 rounds of
+    # 8 steps: with 3, a median moved by about 2% from run to run, the size of auto's target;
+    # with 5, prophet read 1.027x bytescheduler on the Transformer with the very same blocks.
+    # 3 ranks share the 2 cores, and their medians move more.
+    rounds = int(knobs["ROUNDS"])
+    cnn, transformer = knobs["CNN_RATE"], knobs["TRANSFORMER_RATE"]
+    return [compare_run("cnn", 64, knobs, "cnn", OVERLAP_CANDIDATES, rate=cnn, rounds=rounds),
+            compare_run("transformer", 8, knobs, "transformer", OVERLAP_CANDIDATES,
+                        rate=transformer, rounds=rounds),
+            compare_run("cnn", 64, knobs, "cnn-3ranks", OVERLAP_CANDIDATES, rate=cnn, ranks=3,
+                        rounds=rounds)]
+
+
+def _overlap_report(knobs: Knobs) -> str:
+    return (f"# Overlap benchmark: 2 and 3 ranks, loopback shaped (CNN {knobs['CNN_RATE']}, "
+            f"Transformer {knobs['TRANSFORMER_RATE']})\n\n"
+            f"Command: `{OVERLAP.command_line(knobs)}` (each model: one horovodrun job, "
+            "candidates interleaved round by round; iteration time = time between the slowest "
+            "rank's consecutive step completions; steady state: each round starts with one "
+            "untimed step and ends with an untimed flush, so every timed step pays for exactly "
+            "one earlier iteration's traffic).\n\n"
+            "vs floor: the candidate's median over the floor of any cross-iteration schedule "
+            "that keeps synchronous semantics (commsched/sim/floor.py, the lowest over the "
+            "commsched candidates' profiles that record each tensor's first user, each "
+            "profile's compute as measured under its own candidate's traffic and its network "
+            "calibrated to the measured all-reduce of every gradient; never below the naive "
+            "bound max(compute, one all-reduce of every gradient)).\n"
+            + _sections(knobs, ["cnn", "transformer", "cnn-3ranks"]))
+
+
+OVERLAP = Job("overlap", "2 ranks (and 3 on the CNN) on a shaped loopback: every candidate and "
+              "auto, with predictions and the floor",
+              {"OUT": "benchmarks/overlap", "CNN_RATE": "1gbit", "TRANSFORMER_RATE": "1gbit",
+               "ROUNDS": "8"}, _overlap_runs, _overlap_report,
+              knob_names=("CNN_RATE", "TRANSFORMER_RATE"))
+
+
+# -- compression_speed ---------------------------------------------------------------------------
+
+def _compression_candidates(knobs: Knobs) -> str:
+    rank, topk = knobs["RANK"], knobs["TOPK"]
+    psgd, topk_knobs = f"compression=powersgd&powersgd_rank={rank}", \
+        f"compression=topk&topk_ratio={topk}"
+    labels = ["local (no comm)", "hvd", "hvd-fp16", "torch-ddp",
+              f"torch-ddp-powersgd?rank={rank}&start_iter=2&min_rate=2"]
+    for policy in ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto"):
+        labels += [f"commsched:{policy}?{psgd}", f"commsched:{policy}?{topk_knobs}"]
+    return ",".join(labels)
+
+
+def _compression_speed_runs(knobs: Knobs) -> list[Launch]:
+    # 5 rounds of 8 steps: with 3, the Transformer's best PowerSGD candidate read 0.87x and
+    # 0.91x DDP's hook in two runs on one day. 18 warm-up steps cover commsched's profiling
+    # steps, its steady-state re-plan ten steps later and DDP's start_powerSGD_iter.
+    return [compare_run(model, batch, knobs, model, _compression_candidates(knobs),
+                        rate=knobs["RATE"], rounds=int(knobs["ROUNDS"]),
+                        steps=int(knobs["STEPS"]), warmup=18)
+            for model, batch in (("cnn", 64), ("transformer", 8))]
+
+
+def _targets(knobs: Knobs) -> Callable[[str], str]:
+    def lines(run: str) -> str:
+        from .compression_targets import targets
+
+        with open(os.path.join(knobs["OUT"], run, "results.json"), encoding="utf-8") as handle:
+            found = "\n".join(targets(json.load(handle)["rows"]))
+        return (f"\nTargets (commsched + PowerSGD rank {knobs['RANK']} at most 0.9x DDP + "
+                f"PowerSGD hook and 0.6x hvd):\n\n{found}\n")
+    return lines
+
+
+def _compression_speed_report(knobs: Knobs) -> str:
+    return (f"# Compression speed: 2 ranks, loopback shaped to {knobs['RATE']}\n\n"
+            f"Command: `{COMPRESSION_SPEED.command_line(knobs)}` (each model: one horovodrun "
+            "job, candidates interleaved round by round; iteration time = time between the "
+            "slowest rank's consecutive step completions).\n\n"
+            "payload MB/iter: what one rank hands to its collectives per iteration (all-reduce: "
+            "the buffer; all-gather: its own share); sent MB/iter: what it sends on a ring "
+            "(commsched.bench.compressed_candidates). predicted ms: the simulator from the "
+            "candidate's own profile, with the compressor's wire tensors and measured compute "
+            "(docs/simulator.md).\n"
+            + _sections(knobs, ["cnn", "transformer"], _targets(knobs)))
+
+
+COMPRESSION_SPEED = Job(
+    "compression_speed", "2 ranks on a shaped loopback: hvd (fp16), DDP's PowerSGD hook and "
+    "every policy with PowerSGD and top-k", {"OUT": "benchmarks/compression_speed",
+                                              "RATE": "1gbit", "RANK": "4", "TOPK": "0.01",
+                                              "ROUNDS": "5", "STEPS": "8"},
+    _compression_speed_runs, _compression_speed_report, netns="cscompress",
+    knob_names=("RATE", "RANK", "TOPK"))
+
+
+# -- kfac_speed ----------------------------------------------------------------------------------
+
+def _kfac_speed_runs(knobs: Knobs) -> list[Launch]:
+    return [Launch(("-m", "benchmarks.harness.kfac_speed", "--batch-size", "64", "--warmup",
+                    "18", "--rounds", "3", "--steps", "5", "--link-note",
+                    f"loopback shaped to {knobs['RATE']}", "--out", knobs["OUT"]),
+                   ranks=2, launcher=Launcher.HOROVODRUN, rate=knobs["RATE"])]
+
+
+def _kfac_speed_report(knobs: Knobs) -> str:
+    with open(os.path.join(knobs["OUT"], "results.md"), encoding="utf-8") as handle:
+        table = handle.read()
+    return ("# K-FAC speed: pipelined + fused + lpt against unpipelined + round_robin\n\n"
+            f"Script: `{KFAC_SPEED.command_line(knobs)}` (one horovodrun job in a namespace "
+            f"whose loopback is shaped to {knobs['RATE']}; variants interleaved round by round; "
+            "iteration time = time between the slowest rank's consecutive step completions)."
+            f"\n\n{table}\n"
+            "Reading the numbers (arithmetic on the model, not measured): per iteration each "
+            "rank sends 17.7 MB of factor upper triangles, 13.0 MB of gradients and one slice "
+            "of the decompositions (about 17 MB with lpt), and with 2 ranks every byte crosses "
+            "the one shaped loopback. At 1 Gbit/s the factors alone occupy it for about 280 ms. "
+            "Pipelining can only move factor traffic into the forward and backward passes, "
+            "whose backward half the gradient all-reduce already fills, so it can hide little "
+            "more than the forward pass. Placement balances both the d^3 compute (the "
+            "2049-wide eigendecomposition alone on one rank) and the bytes each rank "
+            "all-gathers.\n\n![results](results.png)\n")
+
+
+KFAC_SPEED = Job("kfac_speed", "2 ranks on a shaped loopback, the CNN: K-FAC pipelined + fused "
+                 "+ lpt against unpipelined + round_robin", {"OUT": "benchmarks/kfac_speed",
+                                                              "RATE": "1gbit"},
+                 _kfac_speed_runs, _kfac_speed_report, netns="cskfac", knob_names=("RATE",))
+
+
+# -- one-process harnesses that write their own report -------------------------------------------
+
+def _own_report(module: str) -> Callable[[Knobs], list[Launch]]:
+    def runs(knobs: Knobs) -> list[Launch]:
+        extra = tuple(shlex.split(knobs["ARGS"])) if knobs.get("ARGS") else ()
+        return [Launch(("-m", module, "--out", knobs["OUT"], *extra))]
+    return runs
+
+
+KFAC_CONVERGENCE = Job(
+    "kfac_convergence", "one process, scikit-learn's digits: K-FAC + SGD against SGD and Adam, "
+    "steps to a target loss", {"OUT": "benchmarks/kfac_convergence", "ARGS": ""},
+    _own_report("benchmarks.harness.kfac_convergence"))
+
+COMPRESSION_CONVERGENCE = Job(
+    "compression_convergence", "one process, scikit-learn's digits: PowerSGD and top-k against "
+    "uncompressed", {"OUT": "benchmarks/compression_convergence", "ARGS": ""},
+    _own_report("benchmarks.harness.compression_convergence"))
+
+
+# -- compile -------------------------------------------------------------------------------------
+
+def _compile_runs(knobs: Knobs) -> list[Launch]:
+    import torch
+
+    note = (f"Loopback shaped to {knobs['RATE']}; torch {torch.__version__}, CPU, default "
+            "inductor backend.")
+    extra = tuple(shlex.split(knobs["ARGS"])) if knobs.get("ARGS") else ()
+    return [Launch(("scripts/compile_cost.py", "--out", knobs["OUT"], "--note", note, *extra),
+                   ranks=2, launcher=Launcher.TORCHRUN, rate=knobs["RATE"],
+                   env=(("BENCH_COMMAND", COMPILE.command_line(knobs)),))]
+
+
+COMPILE = Job("compile", "2 ranks under torchrun on a shaped loopback, the Transformer: eager "
+              "against torch.compile per policy, graph breaks counted",
+              {"OUT": "benchmarks/compile", "RATE": "1gbit", "ARGS": ""}, _compile_runs,
+              knob_names=("RATE",))
+
+
+# -- overhead ------------------------------------------------------------------------------------
+
+def _cuda_available() -> bool:
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+def _overhead_runs(knobs: Knobs) -> list[Launch]:
+    # 4 builds of every candidate, 10 rounds each (Note [Builds of the candidates] in
+    # benchmarks/harness/overhead.py); 110 warm-up steps: a world of one steps as the plain
+    # optimizer from about iteration 80 (every policy) or 100 (`auto`) on (Note [A world of one
+    # steps as the plain optimizer] in commsched/runtime/modes/plain.py).
+    env = (("OVERHEAD_COMMAND", OVERHEAD.command_line(knobs)),)
+    common = ("--instances", knobs["INSTANCES"], "--rounds", knobs["ROUNDS"], "--warmup",
+              knobs["WARMUP"])
+    runs = [Launch(("-m", "benchmarks.harness.overhead", "--device", "cpu", *common, "--out",
+                    os.path.join(knobs["OUT"], "cpu")), env=env)]
+    if _cuda_available():
+        runs.append(Launch(("-m", "benchmarks.harness.overhead", "--device", "cuda",
+                            "--free-running", *common, "--out",
+                            os.path.join(knobs["OUT"], "gpu")), env=env))
+    else:
+        print("bench: overhead: no GPU here (torch.cuda.is_available() is false): GPU part not "
+              "run", file=sys.stderr)
+    return runs
+
+
+OVERHEAD = Job("overhead", "a world of one: every policy and auto beside the plain optimizer "
+               "(and on a GPU where one is)", {"OUT": "benchmarks/overhead", "INSTANCES": "4",
+                                               "ROUNDS": "10", "WARMUP": "110"},
+               _overhead_runs)
+
+JOBS: dict[str, Job] = {job.name: job for job in (
+    UNSHAPED, OVERLAP, COMPRESSION_SPEED, KFAC_SPEED, KFAC_CONVERGENCE, COMPRESSION_CONVERGENCE,
+    COMPILE, OVERHEAD)}
