@@ -17,6 +17,10 @@ from enum import Enum
 
 Knobs = Mapping[str, str]
 
+
+class JobError(ValueError):
+    """A job's knobs name something it cannot run (the message says which)."""
+
 # compare, with --predict (Note [What ships measures; the repository predicts] in
 # commsched/bench/compare.py).
 COMPARE = "benchmarks.harness.compare_predict"
@@ -344,6 +348,98 @@ OVERHEAD = Job("overhead", "a world of one: every policy and auto beside the pla
                                                "ROUNDS": "10", "WARMUP": "110"},
                _overhead_runs)
 
+
+# -- real ----------------------------------------------------------------------------------------
+
+REAL_SYNC = "commsched:horovod,commsched:mgwfbp"
+REAL_OVERLAP = ("commsched:bytescheduler?partition_bytes=2MiB&credit_bytes=4MiB,"
+                "commsched:prophet?partition_bytes=2MiB&credit_bytes=4MiB,"
+                "commsched:dear?fusion_threshold=4MiB")
+REAL_AUTO_ALONE = "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto?auto_trials=0"
+# Per model: its batch, its rate's knob and its jobs (group, candidates). A model over 100 M
+# parameters holds a copy of itself, its gradients and SGD's momentum per candidate and rank
+# (docs/examples.md), so its candidates run in groups of at most five, each group one job with
+# `hvd` in it. `auto` without trials (auto_trials=0: the prediction alone decides) on GPT-2 and
+# BERT: their trials take some 400 steps, over 20 minutes at 3-4 s per step here; VGG-16's
+# (about 1.3 s per step at 10 Gbit/s) fit a run.
+REAL_MODELS: dict[str, tuple[int, str, tuple[tuple[str, str], ...]]] = {
+    "resnet50": (8, "RESNET50_RATE", (
+        ("all", f"local (no comm),hvd,torch-ddp,{REAL_SYNC},{REAL_OVERLAP},commsched:auto"),)),
+    "vgg16": (8, "VGG16_RATE", (
+        ("synchronous", f"local (no comm),hvd,torch-ddp,{REAL_SYNC}"),
+        ("overlap", f"hvd,{REAL_OVERLAP}"),
+        ("auto", "hvd,commsched:dear?fusion_threshold=4MiB,commsched:auto"))),
+    "bert": (2, "BERT_RATE", (
+        ("synchronous", f"local (no comm),hvd,torch-ddp,{REAL_SYNC}"),
+        ("overlap", f"hvd,{REAL_OVERLAP}"), ("auto", REAL_AUTO_ALONE))),
+    "gpt2": (1, "GPT2_RATE", (
+        ("synchronous", f"local (no comm),hvd,torch-ddp,{REAL_SYNC}"),
+        ("overlap", f"hvd,{REAL_OVERLAP}"), ("auto", REAL_AUTO_ALONE))),
+}
+
+
+def _real_runs(knobs: Knobs) -> list[Launch]:
+    # 8 warm-up steps, then compare steps each commsched candidate on, untimed, until its plan
+    # settles (commsched.bench.compare.settling).
+    suffix = "" if knobs["RANKS"] == "2" else f"-{knobs['RANKS']}ranks"
+    groups = knobs["JOBS"].split()
+    runs = []
+    for model in knobs["MODELS"].split():
+        if model not in REAL_MODELS:
+            raise JobError(f"no jobs for model {model!r} ({', '.join(REAL_MODELS)})")
+        batch, rate_knob, jobs = REAL_MODELS[model]
+        runs += [compare_run(model, batch, knobs, f"{model}{suffix}/{group}", candidates,
+                             rate=knobs[rate_knob], ranks=int(knobs["RANKS"]),
+                             rounds=int(knobs["ROUNDS"]), steps=4, warmup=8)
+                 for group, candidates in jobs if group in groups]
+    return runs + [Launch(("scripts/real_report.py", knobs["OUT"], "--command",
+                           REAL.command_line(knobs)))]
+
+
+REAL = Job("real", "ResNet-50, VGG-16, BERT-base and GPT-2 at full size on a shaped loopback: "
+           "every policy against hvd and DDP, with the floor",
+           {"OUT": "benchmarks/real", "MODELS": "resnet50 gpt2", "RANKS": "2",
+            "RESNET50_RATE": "2gbit", "GPT2_RATE": "6gbit", "VGG16_RATE": "10gbit",
+            "BERT_RATE": "3gbit", "ROUNDS": "4", "JOBS": "all synchronous overlap auto"},
+           _real_runs, knob_names=("MODELS", "JOBS", "RANKS", "RESNET50_RATE", "GPT2_RATE",
+                                   "VGG16_RATE", "BERT_RATE", "ROUNDS"))
+
+
+# -- collectives ---------------------------------------------------------------------------------
+
+def _collectives_note(knobs: Knobs) -> str:
+    rate = knobs["RATE"]
+    return "plain loopback" if rate == "none" else f"loopback shaped to {rate}"
+
+
+def _collectives_runs(knobs: Knobs) -> list[Launch]:
+    rate = None if knobs["RATE"] == "none" else knobs["RATE"]
+    note, out = _collectives_note(knobs), knobs["OUT"]
+    ranks = knobs["RANKS"].split()
+    runs = [Launch(("-m", "benchmarks.harness.collectives", "--rounds", knobs["ROUNDS"],
+                    "--out", f"{out}/ranks{n}", "--note", note), ranks=int(n),
+                   launcher=Launcher.TORCHRUN, rate=rate) for n in ranks]
+    return runs + [Launch(("-m", "benchmarks.harness.collectives", "--out", out, "--note", note,
+                           "--merge", *[f"{out}/ranks{n}" for n in ranks]))]
+
+
+def _collectives_report(knobs: Knobs) -> str:
+    with open(os.path.join(knobs["OUT"], "results.md"), encoding="utf-8") as handle:
+        table = "\n".join(handle.read().splitlines()[2:])
+    return ("# Collectives on Gloo: torch's reduce-scatter and all-gather against the engine's "
+            "ring\n\n"
+            f"Command: `{COLLECTIVES.command_line(knobs)}` ({_collectives_note(knobs)}; float32 "
+            "buffers; each figure the median over rounds of the slowest rank's mean time over 3 "
+            "calls; sizes and operations interleaved within each round).\n\n"
+            f"{table}\n\n![ratios](results.png)\n")
+
+
+COLLECTIVES = Job("collectives", "Gloo's all-reduce, reduce-scatter and all-gather against the "
+                  "engine's ring, 64 KiB to 64 MiB, on 2, 3 and 4 ranks",
+                  {"OUT": "benchmarks/collectives", "RATE": "1gbit", "RANKS": "2 3 4",
+                   "ROUNDS": "3"}, _collectives_runs, _collectives_report,
+                  knob_names=("RATE", "RANKS", "ROUNDS"))
+
 JOBS: dict[str, Job] = {job.name: job for job in (
     UNSHAPED, OVERLAP, COMPRESSION_SPEED, KFAC_SPEED, KFAC_CONVERGENCE, COMPRESSION_CONVERGENCE,
-    COMPILE, OVERHEAD)}
+    COMPILE, OVERHEAD, REAL, COLLECTIVES)}

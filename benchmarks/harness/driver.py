@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import IO
 
-from .bench_jobs import JOBS, Job, Knobs, Launch, Launcher
+from .bench_jobs import JOBS, Job, JobError, Knobs, Launch, Launcher
 
 NETEM = "scripts/netem.sh"
 VENV_BIN = ".venv/bin"
@@ -144,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         knobs["ARGS"] = shlex.join(passed_on)
-    if args.dry_run:
-        print("\n".join(dry_run(job, knobs)))
-        return 0
-    return run_job(job, knobs)
+    try:
+        if args.dry_run:
+            print("\n".join(dry_run(job, knobs)))
+            return 0
+        return run_job(job, knobs)
+    except JobError as err:
+        print(f"bench: {job.name}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -104,3 +104,10 @@ def test_results_section_moves_the_title_down(tmp_path: pathlib.Path) -> None:
     (tmp_path / "results.md").write_text("# cnn on 2 ranks\n\n| a |\n## kept\n")
     assert bench_jobs.results_section(str(tmp_path / "results.md")) == \
         "## cnn on 2 ranks\n\n| a |\n## kept"
+
+
+def test_a_model_without_jobs_is_refused_by_name(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MODELS", "gpt2 t5")
+    assert driver.main(["real", "--dry-run"]) == 2
+    assert "no jobs for model 't5'" in capsys.readouterr().err
