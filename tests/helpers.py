@@ -1,4 +1,4 @@
-"""distributed_test: runs a function on N spawned ranks joined by torch.distributed (Gloo).
+"""distributed_test: runs a function on N ranks (processes) joined by torch.distributed (Gloo).
 
 Each rank sees RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as under torchrun, so
 ``commsched.init()`` takes its torchrun path. The whole job has a hard timeout: ranks still
@@ -37,11 +37,15 @@ def free_port() -> int:
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
-               env: dict[str, str], args: tuple, results: Any, timeout: float) -> None:
+               env: dict[str, str], cwd: str, args: tuple, results: Any, timeout: float) -> None:
     # A rank still running just before the parent kills it prints every thread's stack, so a
     # hang names the call it is stuck in.
     faulthandler.dump_traceback_later(max(timeout - 3.0, 1.0), exit=False)
+    # The parent's environment and folder as they are now, not the forkserver's (Note [Ranks
+    # forked from a warm server]).
+    os.environ.clear()
     os.environ.update(env)
+    os.chdir(cwd)
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     import torch
@@ -60,6 +64,25 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
         faulthandler.cancel_dump_traceback_later()
 
 
+# Note [Ranks forked from a warm server]
+# Each rank used to be a spawned interpreter that imported torch and commsched itself: about 2 s
+# of one core per rank, paid some 400 times by the suite on a 2-core machine. Ranks now fork
+# from one forkserver that imported them once (multiprocessing preloads them there), so a rank
+# starts with the imports done and only runs its test's function. What must stay per process
+# stays so: no torch.distributed group, no commsched engine or thread exists before the fork
+# (importing starts none). The server was started with the environment and folder of the test
+# that first needed it, so each rank takes the calling test's own, as a spawned rank did,
+# before it calls commsched.init(); nothing in torch's or commsched's import reads a variable
+# a test sets.
+_PRELOADED = ("torch", "torch.distributed", "torch.nn", "commsched", "helpers")
+
+
+def _rank_context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_PRELOADED))
+    return ctx
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -73,11 +96,12 @@ def distributed_test(fn: Callable[..., Any], world_size: int = 2, timeout: float
                      expect_errors: bool = False, may_die: tuple[int, ...] = ()) -> dict[int, Any]:
     """Returns {rank: return value}; with `expect_errors`, {rank: traceback text or value}.
     Ranks in `may_die` are allowed to end without reporting (fault-injection tests kill them)."""
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, dict(env or {}), args,
-                                                  results, timeout), daemon=True)
+    environ = {**os.environ, **(env or {})}
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, environ, os.getcwd(),
+                                                  args, results, timeout), daemon=True)
              for r in range(world_size)]
     for proc in procs:
         proc.start()
