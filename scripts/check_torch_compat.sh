@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds commsched on the oldest supported torch (MIN_TORCH in commsched/torch_compat.py) and runs
-# the unit and multi-rank suites there, in a side venv: .venv and the in-tree commsched/_C*.so are
+# the unit and multi-rank tests there (not those marked launcher or gpu), in a side venv: .venv and the in-tree commsched/_C*.so are
 # left alone. Writes benchmarks/torch_compat/torch-<version>.md and the index README.md beside it.
 # Not part of scripts/test.sh: it installs a ~5 GB torch (PyPI's linux wheels are CUDA builds;
 # they import and run on a machine without a GPU).
@@ -23,15 +23,17 @@ LOG="$VENV/check_torch_compat.log"
 # Tests that need Horovod, which this venv does not have (building it takes long and it is
 # covered by the main venv): deselected here, each with its reason.
 DESELECT=(
-  "tests/unit/test_small_pieces.py::test_horovod_compression_and_ops_are_accepted"
+  "tests/test_small_pieces.py::test_horovod_compression_and_ops_are_accepted"
 )
 DESELECT_REASON="imports horovod.torch to check that Horovod's Compression and op objects are accepted; Horovod is not installed in the side venv"
 # Whole modules that import Horovod at the top: left out of the collection (a deselect comes too
-# late, after the import failed), each with its reason.
+# late, after the import failed), each with its reason. The horovodrun tests (IGNORE_GLOB) are
+# marked launcher, which -m leaves out anyway, but their job modules import Horovod.
 IGNORE=(
-  "tests/unit/test_elastic_local.py"
+  "tests/runtime/test_elastic_local.py"
 )
-IGNORE_REASON="Elastic Horovod's protocol in a world of one: the module imports horovod.common.exceptions (the failure type is Horovod's HorovodInternalError); Horovod is not installed in the side venv"
+IGNORE_GLOB="*_horovodrun.py"
+IGNORE_REASON="modules that import Horovod at the top: test_elastic_local.py, Elastic Horovod's protocol in a world of one (the failure type is Horovod's HorovodInternalError), and the horovodrun tests (marked launcher) through their job modules; Horovod is not installed in the side venv"
 log() { echo "== check_torch_compat: $*" >&2; }
 
 log "venv $VENV (torch $TORCH_PIN)"
@@ -64,10 +66,16 @@ log "building commsched._C against this torch"
    --build-temp "$BUILD/temp" --build-lib "$BUILD/lib") > "$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; exit 1; }
 cp "$BUILD"/lib/commsched/_C*.so "$SRC/commsched/"
 
-PYTEST=(-m pytest tests/unit tests/dist -q -p no:cacheprovider -rfEs)
+PYTEST=(-m pytest tests -m "not launcher and not gpu" -q -p no:cacheprovider -rfEs)
 for test in "${DESELECT[@]}"; do PYTEST+=(--deselect "$test"); done
 for module in "${IGNORE[@]}"; do PYTEST+=(--ignore "$module"); done
-log "pytest ${PYTEST[*]:1}"
+PYTEST+=(--ignore-glob "$IGNORE_GLOB")
+# The command as a shell reads it: the arguments that hold a space or a glob quoted.
+COMMAND="PYTHONPATH=. OMP_NUM_THREADS=1 python"
+for arg in "${PYTEST[@]}"; do
+  case "$arg" in *" "* | *"*"*) COMMAND+=" \"$arg\"" ;; *) COMMAND+=" $arg" ;; esac
+done
+log "${COMMAND#*python -m }"
 set +e
 (cd "$SRC" && OMP_NUM_THREADS=1 PYTHONPATH="$SRC" "$PY" "${PYTEST[@]}") 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
@@ -82,7 +90,7 @@ mkdir -p "$REPORT_DIR"
 HEAD_SHA="$(cd "$ROOT" && git rev-parse --short HEAD)"
 DIRTY="$(cd "$ROOT" && git status --porcelain | wc -l | tr -d ' ')"
 "$PY" - "$LOG" "$REPORT_DIR" "$TORCH_PIN" "$rc" "$HEAD_SHA" "$DIRTY" "$SRC/commsched/torch_compat.py" \
-  "$DESELECT_REASON" "PYTHONPATH=. OMP_NUM_THREADS=1 python ${PYTEST[*]}" "${IGNORE[*]}" \
+  "$DESELECT_REASON" "$COMMAND" "${IGNORE[*]} $IGNORE_GLOB" \
   "$IGNORE_REASON" <<'PYEOF'
 import datetime
 import importlib.util
@@ -116,7 +124,7 @@ variant = f" (`COMPAT_TORCH={pin}`)" if pin != "2.4.1" else ""
 
 out = [f"# commsched on torch {pin}", "",
        f"Written by `scripts/check_torch_compat.sh`{variant}: a side venv with this torch,",
-       "commsched._C compiled from `csrc/` against it, then the unit and multi-rank suites.", "",
+       "commsched._C compiled from `csrc/` against it, then the unit and multi-rank tests.", "",
        "| | |", "|---|---|",
        f"| result | **{verdict}**: {counted} |",
        f"| pytest | {summary} |",
@@ -126,7 +134,7 @@ out = [f"# commsched on torch {pin}", "",
        f"| source | working tree at {tree} |",
        "", "Command, run in a copy of the working tree with the side venv's python:", "",
        "```", command, "```", "",
-       "Deselected: `tests/unit/test_small_pieces.py::test_horovod_compression_and_ops_are_accepted`"
+       "Deselected: `tests/test_small_pieces.py::test_horovod_compression_and_ops_are_accepted`"
        f" ({reason}).", ""]
 if ignored:
     out += [f"Not collected: `{ignored}` ({ignore_reason}).", ""]
@@ -151,8 +159,8 @@ index = ["# torch compatibility runs", "",
          "`csrc/torch_compat.h` for the C++ side). Each row is one run of",
          "`scripts/check_torch_compat.sh` (by default the oldest supported release, 2.4.1;",
          "`COMPAT_TORCH=<version>` runs another): commsched._C built against that torch in a side",
-         "venv, then `pytest tests/unit tests/dist`. The end-to-end suite and the benchmarks need",
-         "Horovod and run on the torch that `scripts/setup.sh` installs.", "",
+         "venv, then `pytest tests -m \"not launcher and not gpu\"`. The launcher tests and the",
+         "benchmarks need Horovod and run on the torch that `scripts/setup.sh` installs.", "",
          "| torch | result | python | date |", "|---|---|---|---|", *rows, ""]
 (pathlib.Path(report_dir) / "README.md").write_text("\n".join(index), encoding="utf-8")
 print(f"check_torch_compat.sh: torch {pin}: {verdict}: {counted} -> "

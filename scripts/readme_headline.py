@@ -5,7 +5,7 @@ real models come first, from benchmarks/real/{resnet50,vgg16,bert,gpt2}/*/result
 by scripts/bench_real.sh), each row naming the job whose report holds its command; then the
 built-in ones, from benchmarks/overlap/cnn/results.json and
 benchmarks/overlap/transformer/results.json (scripts/bench_overlap.sh). Never typed by hand:
-tests/unit/test_readme.py fails when the README's tables differ from what this script renders.
+tests/docs/test_readme.py fails when the README's tables differ from what this script renders.
 
     python3 scripts/readme_headline.py          # rewrite the table in README.md
     python3 scripts/readme_headline.py --check  # exit 1 if README.md is out of date

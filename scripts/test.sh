@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole suite: set-up if needed, lint, then every test (unit, multi-rank, end-to-end).
+# The whole suite: set-up if needed, lint, then every test (tests/README.md: unit, processes,
+# launcher, and gpu where CUDA is).
 # Extra arguments go to pytest (e.g. scripts/test.sh -k parity).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,5 +1,5 @@
 """One-process replays of a data-parallel job's committed history, for the checks that a job
-which lost workers ended where it should (tests/e2e/elastic_job.py, the chaos run).
+which lost workers ended where it should (tests/jobs/elastic_job.py, the chaos run).
 
 Each step of a history names the ranks whose gradients it averaged; their batches follow from
 (step, rank). Under a lossy compressor the replay runs every rank's compressor with
@@ -126,7 +126,7 @@ def replay_kfac(model: nn.Module, opt: torch.optim.Optimizer, precond: KFACPreco
                 ) -> list[torch.Tensor]:
     """Trains `model` with `opt` and a K-FAC preconditioner made in a world of one, each step
     on its ranks' batches (`batch_of(step, rank)`) concatenated under an MSE loss: the same
-    averaged gradient and factors as the job's ranks (tests/dist/test_kfac_dist.py). Its state
+    averaged gradient and factors as the job's ranks (tests/kfac/test_kfac_dist.py). Its state
     is never reset: an elastic job keeps K-FAC's whole (Note [Elastic K-FAC])."""
     dtype = next(model.parameters()).dtype
     for step, ranks in history:

@@ -8,7 +8,7 @@ not (PyPI's x86_64 torchvision wheels are CUDA builds, and one fails to import b
 torch: "operator torchvision::nms does not exist"), they build the same architecture here, with
 torchvision's module names, parameter shapes, registration order and initialisation (ResNet
 v1.5, the stride on the 3x3 convolution; VGG configuration "D" without batch norm). A state_dict
-of one loads into the other; tests/unit/test_real_models.py checks that against torchvision
+of one loads into the other; tests/bench/test_real_models.py checks that against torchvision
 wherever torchvision imports.
 """
 

@@ -63,7 +63,7 @@ def refuse_in_elastic_job(config: Config) -> None:
 # zero, Q at its seeded start, the same on every rank. The committed parameters and optimizer
 # state are restored as under every policy; only what the compressors had not yet sent is
 # dropped, as when a run starts. (A restore loads no compressor state: load_state_dict() unbinds
-# first, and the next bind starts afresh.) tests/e2e/elastic_job.py replays each rank's
+# first, and the next bind starts afresh.) tests/jobs/elastic_job.py replays each rank's
 # compressor from zero at every bind and ends where the job ends.
 
 

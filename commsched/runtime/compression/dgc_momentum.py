@@ -5,8 +5,8 @@ Note [DGC under the user's momentum]
 Error feedback (M = g + e, send top-k of M, keep the rest in e) handed to a momentum optimizer
 is unstable: a kept entry comes out late and in bursts, and momentum 0.9 then multiplies every
 burst tenfold over the next steps. On a least-squares task (2 ranks, SGD momentum 0.9, lr 0.05,
-top-k 10%, 300 steps) it ends at loss 0.59 against 0.042 uncompressed (tests/dist/
-test_dgc_dist.py). DGC instead applies momentum *before* sparsifying, on each rank:
+top-k 10%, 300 steps) it ends at loss 0.59 against 0.042 uncompressed (tests/runtime/
+compression/test_dgc_dist.py). DGC instead applies momentum *before* sparsifying, on each rank:
 
     u = m u + g               (this rank's velocity; Nesterov: u = m (u + g), v += u + g)
     v = v + u                 (what this rank has yet to send)
@@ -26,7 +26,8 @@ Weight decay belongs to the gradient (SGD puts it inside its momentum, and so do
 rank adds weight_decay x p to g before the correction, divided by the world where the op is Sum,
 so that the exchanged sum holds it once, as the uncompressed update does. A consequence of
 masking: an entry sent at every step (density 1) loses its velocity each time and moves as plain
-SGD, which is DGC as published (tests/unit/test_dgc.py checks both this and the reference).
+SGD, which is DGC as published (tests/runtime/compression/test_dgc.py checks both this and the
+reference).
 
 Applies to torch.optim.SGD (its own step: a subclass that overrides it may compute anything)
 with momentum > 0, not maximize, dampening < 1 (or Nesterov): the hyper-parameters are read per
@@ -44,7 +45,7 @@ steps would move by the gradient alone, a momentum-free stall at each switch. Ea
 takes SGD's buffer (the same on every rank), so the first compressed step's momentum term is
 m x buffer, SGD's own; with Nesterov u = m x buffer, since DGC's v gets m u + (1 + m) g there
 against SGD's g + m (m buffer + g). An entry sent at that step thus moves exactly as it would
-have uncompressed (tests/unit/test_dgc.py).
+have uncompressed (tests/runtime/compression/test_dgc.py).
 
 What the user sees: ``p.grad`` after synchronize() is that handed gradient, not the averaged
 one (clip_grad_norm_ there clips DGC's update divided by f). Under an fp16 GradScaler, the

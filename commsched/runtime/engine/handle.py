@@ -50,8 +50,8 @@ class EngineHandle:
     label = "gradients"
     # Test-only, never a user knob: a world of one gets a process group of its own (of the
     # initialised default group's backend) instead of the local engine without threads, so that
-    # tests/gpu can drive the process-group transport with an NCCL group of one (NCCL refuses two
-    # ranks on one GPU). Needs torch.distributed initialised by the test.
+    # tests/test_policies_cuda.py can drive the process-group transport with an NCCL group of one
+    # (NCCL refuses two ranks on one GPU). Needs torch.distributed initialised by the test.
     process_group_at_size_one = False
 
     def __init__(self, world: World, specs: list[TensorSpec], timeout: float,

@@ -42,7 +42,7 @@ class ModuleProfile:
     # gradient_checkpointing_enable()) runs the forward of its modules again inside backward,
     # after the root's forward has ended, and their hooks fire again. Timed then, a module's
     # start stayed open until its next real forward pass ended: its time took in the rest of
-    # backward, the step and the loop, many times its own (tests/unit/
+    # backward, the step and the loop, many times its own (tests/runtime/modes/
     # test_activation_checkpointing.py). Only modules inside the root's own forward pass are
     # timed, and only in a forward pass that records autograd: one under torch.no_grad() or
     # inference_mode() is an evaluation between iterations, at its own batch size.
@@ -53,8 +53,8 @@ class ModuleProfile:
     # call is timed from its own start, and a forward pass records the sum of its calls. Timed
     # from the first call's start to each call's end, a ResNet-50 block's `relu` took in the
     # convolutions between its calls: the modules' own times summed to well over the root's,
-    # and every later deadline moved (tests/unit/test_module_times.py). The module keeps the
-    # place of its first call in the forward order.
+    # and every later deadline moved (tests/runtime/modes/test_module_times.py). The module keeps
+    # the place of its first call in the forward order.
 
     def __init__(self) -> None:
         self.order: list[str] = []

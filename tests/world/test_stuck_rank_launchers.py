@@ -1,0 +1,42 @@
+"""A rank that is alive but stuck (dead_rank_job.py POLICY stuck) under horovodrun and
+torchrun: rank 0's uncaught RankFailureError names it and how it is stuck, within
+COMMSCHED_TIMEOUT + 10 s, the launcher exits non-zero, and no process of the job is left
+behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from dead_rank_job import STUCK_TIMEOUT as TIMEOUT
+from launch import JOBS, horovodrun, torchrun
+
+pytestmark = pytest.mark.launcher
+
+JOB = os.path.join(JOBS, "dead_rank_job.py")
+START_UP = 40.0  # the launcher, torch imports and rendezvous on a loaded 2-core machine
+
+
+def _leftovers() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", JOB], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.mark.parametrize("launcher,policy", [("horovodrun", "horovod"),
+                                             ("torchrun", "bytescheduler")])
+def test_stuck_rank_fails_the_job_naming_it(launcher: str, policy: str) -> None:
+    run = horovodrun if launcher == "horovodrun" else torchrun
+    started = time.monotonic()
+    result = run(2, JOB, policy, "stuck", timeout=START_UP + TIMEOUT + 60, expect_ok=False)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "RankFailureError: rank 1 is stuck after backward, before step(), in iteration 4" \
+        in result.stdout, result.stdout[-4000:]
+    assert "finished although" not in result.stdout
+    assert elapsed < START_UP + TIMEOUT + 10, (elapsed, result.stdout[-3000:])
+    deadline = time.monotonic() + 10
+    while _leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _leftovers(), _leftovers()
