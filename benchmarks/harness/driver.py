@@ -75,8 +75,10 @@ def run_job(job: Job, knobs: Knobs) -> int:
     env = {**os.environ, "NETNS": job.netns_from(os.environ)}
     log_path = os.environ.get("BENCH_LOG")
     shaped: str | None = None
+    launches = job.launches(knobs)  # a knob it cannot run is refused before anything changes
+    job.prepare(knobs)
     try:
-        for launch in job.launches(knobs):
+        for launch in launches:
             if launch.rate is not None and launch.rate != shaped:
                 subprocess.run([NETEM, "up", launch.rate], env=env, check=True)
                 shaped = launch.rate
@@ -98,13 +100,20 @@ def run_job(job: Job, knobs: Knobs) -> int:
 
 
 def _launch(launch: Launch, job_env: Mapping[str, str], log_path: str | None) -> int:
+    """One run. A horovodrun job shows rank 0's stdout and appends everything to BENCH_LOG
+    (`log_path`); a run with a log of its own writes its whole output there instead."""
     env = {**job_env, **dict(launch.env)}
     if launch.launcher is not Launcher.HOROVODRUN:
-        return subprocess.run(command(launch), env=env, check=False).returncode
+        if not launch.log:
+            return subprocess.run(command(launch), env=env, check=False).returncode
+        with open(launch.log, "w", encoding="utf-8") as handle:
+            return subprocess.run(command(launch), env=env, stdout=handle,
+                                  stderr=subprocess.STDOUT, check=False).returncode
     with subprocess.Popen(command(launch), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as child:
         assert child.stdout is not None
-        log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        kept = launch.log or log_path
+        log = open(kept, "a", encoding="utf-8") if kept else None  # noqa: SIM115
         try:
             rank0_stdout(child.stdout, sys.stdout, log)
         finally:

@@ -111,3 +111,35 @@ def test_a_model_without_jobs_is_refused_by_name(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MODELS", "gpt2 t5")
     assert driver.main(["real", "--dry-run"]) == 2
     assert "no jobs for model 't5'" in capsys.readouterr().err
+
+
+def test_parts_and_report_only_choose_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    shard = bench_jobs.SHARD.knobs_from({})
+    assert all("shard_memory" not in line
+               for line in driver.dry_run(bench_jobs.SHARD, {**shard, "ARGS": "speed"}))
+    with pytest.raises(bench_jobs.JobError, match="no part 'both'"):
+        bench_jobs.SHARD.launches({**shard, "ARGS": "both"})
+    sim = bench_jobs.SIM.knobs_from({"REPORT_ONLY": "1"})
+    assert bench_jobs.SIM.launches(sim) == []
+    # 2 rates x (CNN, Transformer) and the CNN on 3 ranks at one, then the sharded three.
+    every = bench_jobs.SIM.launches(bench_jobs.SIM.knobs_from({}))
+    assert [launch.ranks for launch in every] == [2, 2, 3, 2, 2, 2, 2, 3]
+    only = bench_jobs.SIM.launches(bench_jobs.SIM.knobs_from({"PARTS": "sharded"}))
+    assert all("--memory" in launch.argv for launch in only) and len(only) == 3
+    scale = bench_jobs.SCALE.knobs_from({"SIMULATE_ONLY": "1", "MODELS": "gpt2"})
+    assert [launch.argv[1] for launch in bench_jobs.SCALE.launches(scale)[:-1]] == ["commsched"]
+
+
+def test_a_run_with_a_log_of_its_own_writes_its_output_there(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(driver, "VENV_BIN", os.path.dirname(sys.executable))
+    log = tmp_path / "run.log"
+    prepared: list[str] = []
+    job = Job("fake", "a test's job", {"OUT": str(tmp_path)},
+              lambda _: [Launch(("-c", "print('measured')"), log=str(log))],
+              prepare=lambda knobs: prepared.append(knobs["OUT"]))
+    assert driver.dry_run(job, job.knobs_from({})) and not prepared  # a dry run changes nothing
+    assert driver.run_job(job, job.knobs_from({})) == 0
+    assert prepared == [str(tmp_path)] and log.read_text() == "measured\n"
+    assert "measured" not in capfd.readouterr().out
