@@ -14,6 +14,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 BASE="${BASE:?set BASE to the commit to compare against}"
 OUT="${OUT:-benchmarks/overhead/before_after}"
+REPORT="$OUT"  # as given, for the report's paths
 ROUNDS="${ROUNDS:-2}"
 RATE="${RATE:-1gbit}"
 BASE_DIR="$(mktemp -d /tmp/commsched-base.XXXXXX)"
@@ -25,7 +26,9 @@ if ! git diff --quiet "$BASE" HEAD -- csrc setup.py; then
   git diff --stat "$BASE" HEAD -- csrc setup.py >&2
 fi
 cp commsched/_C*.so commsched/_build_info.json "$BASE_DIR/commsched/"
+# Absolute: each side's runs start in their own tree.
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 scripts/netem.sh up "$RATE"
 CANDIDATES="torch-ddp,commsched:horovod,commsched:dear?fusion_threshold=4MiB"
 for round in $(seq "$ROUNDS"); do
@@ -44,7 +47,7 @@ for round in $(seq "$ROUNDS"); do
       --link-note "loopback shaped to $RATE" --out "$run/cnn") 2>&1 | rank0_stdout >/dev/null
   done
 done
-.venv/bin/python -m benchmarks.harness.before_after --out "$OUT" --base "$BASE" \
+.venv/bin/python -m benchmarks.harness.before_after --out "$REPORT" --base "$BASE" \
   --rounds "$ROUNDS" --rate "$RATE" \
   --command "BASE=$BASE ROUNDS=$ROUNDS RATE=$RATE scripts/bench_before_after.sh"
 echo "bench_before_after: wrote $OUT/README.md" >&2
