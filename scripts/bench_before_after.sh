@@ -41,6 +41,9 @@ for round in $(seq "$ROUNDS"); do
     (cd "$dir" && PYTHONPATH="$dir" "$ROOT/.venv/bin/python" -m benchmarks.harness.overhead \
       --device cpu --models mlp,cnn --instances 2 --rounds 6 --warmup 110 \
       --policies "bytescheduler (engine kept),dear (engine kept)" --out "$run/overhead") >/dev/null
+    # The run's own README speaks of its side's code (where its Notes were then); the report
+    # reads results.json only.
+    rm -f "$run/overhead/README.md"
     (cd "$dir" && "$ROOT/scripts/netem.sh" run "$ROOT/.venv/bin/horovodrun" -np 2 --gloo \
       env PYTHONPATH="$dir" "$ROOT/.venv/bin/python" -m commsched.bench.compare --model cnn \
       --batch-size 64 --rounds 4 --steps 8 --warmup 12 --candidates "$CANDIDATES" \
