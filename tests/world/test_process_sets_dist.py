@@ -59,6 +59,10 @@ def _job(sets: dict[int, list[int]]) -> dict:
     root = members[-1] if rank in members else rank
     shared = commsched.broadcast_object({"from": rank}, root_rank=root, process_set=members) \
         if rank in members else None
+    # Rank 0 hosts the job's store here (MASTER_ADDR and MASTER_PORT). Outside the set it is done
+    # first, and had it left then, it would have taken the store from the members still making
+    # their group ("Broken pipe"). A job's ranks end together, as Horovod's do.
+    torch.distributed.barrier()
     return {"params": [p.detach().clone() for p in model.parameters()], "shared": shared,
             "size": opt.session.world.size}
 
