@@ -22,7 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO
 
 from .bench_jobs import JOBS, Job, JobError, Knobs, Launch, Launcher
@@ -45,13 +45,22 @@ def command(launch: Launch) -> list[str]:
     return [NETEM, "run", *argv] if launch.rate is not None else argv
 
 
+def with_shaping(launches: list[Launch]) -> Iterator[tuple[str | None, Launch]]:
+    """Each launch with the rate the link must be shaped to before it: its own where that
+    differs from the rate already set, else None."""
+    shaped = None
+    for launch in launches:
+        change = launch.rate if launch.rate is not None and launch.rate != shaped else None
+        shaped = change or shaped
+        yield change, launch
+
+
 def dry_run(job: Job, knobs: Knobs) -> list[str]:
     """What running `job` would do, one line per step (shaping and runs), nothing run."""
-    lines, shaped = [], None
-    for launch in job.launches(knobs):
-        if launch.rate is not None and launch.rate != shaped:
-            lines.append(f"{NETEM} up {launch.rate}")
-            shaped = launch.rate
+    lines = []
+    for rate, launch in with_shaping(job.launches(knobs)):
+        if rate is not None:
+            lines.append(f"{NETEM} up {rate}")
         lines.append(shlex.join(command(launch)))
     return lines
 
@@ -74,21 +83,21 @@ def run_job(job: Job, knobs: Knobs) -> int:
     and failures included); a job that shaped nothing touches no namespace."""
     env = {**os.environ, "NETNS": job.netns_from(os.environ)}
     log_path = os.environ.get("BENCH_LOG")
-    shaped: str | None = None
+    shaped = False
     launches = job.launches(knobs)  # a knob it cannot run is refused before anything changes
     job.prepare(knobs)
     try:
-        for launch in launches:
-            if launch.rate is not None and launch.rate != shaped:
-                subprocess.run([NETEM, "up", launch.rate], env=env, check=True)
-                shaped = launch.rate
+        for rate, launch in with_shaping(launches):
+            if rate is not None:
+                shaped = True
+                subprocess.run([NETEM, "up", rate], env=env, check=True)
             status = _launch(launch, env, log_path)
             if status != 0:
                 print(f"bench: {job.name}: {shlex.join(command(launch))} exited with {status}",
                       file=sys.stderr)
                 return status
     finally:
-        if shaped is not None:
+        if shaped:
             subprocess.run([NETEM, "down"], env=env, check=False)
     if job.report is not None:
         readme = os.path.join(knobs["OUT"], "README.md")
