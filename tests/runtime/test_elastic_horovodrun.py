@@ -66,7 +66,7 @@ def _run(tmp_path, kill_at: int, add_at: int, policy: str, kill: str = "") -> tu
 
 
 def _check(logs: dict, finals: dict, survivors: int, expected_sizes: list[int]) -> None:
-    # The worker killed at step 5 was rank 1 then: it committed steps 0-4 and never finished.
+    # The worker killed at step 5 (the last rank then) committed steps 0-4 and never finished.
     killed = [host for host in HOSTS if host not in finals]
     assert len(killed) == 1, f"finished: {sorted(finals)}"
     assert [step for step, _ in elastic_job.committed_steps(logs[killed[0]])] == list(range(5))
@@ -154,29 +154,37 @@ def _changes(values: list[int]) -> list[bool]:
     return [b != a for a, b in zip(values, values[1:], strict=False)]
 
 
-def test_elastic_job_survives_losing_its_last_worker(tmp_path) -> None:
-    """The last rank leaves with os._exit(1) at the top of step 5, as a user's script would,
-    under horovod, dear and auto. Under dear and auto all-gathers and deferred updates were in
-    flight there: a survivor's restore once joined a Gloo worker still receiving from the other
-    survivor, whose old group stayed open (Note [Retiring a group] in csrc/engine.cpp). The
-    survivors re-form and end where the replay of the committed steps ends."""
-    logs, finals = _run(tmp_path, kill_at=5, add_at=-1, policy="horovod,dear,auto",
-                        kill="last,exit,top")
-    _check(logs, finals, survivors=2, expected_sizes=[3] * 5 + [2] * 15)
-
-
-# The synchronous mgwfbp beside every policy that defers updates to the next forward pass,
-# `auto`, which may choose one, the lossy compressors under both kinds of plan, K-FAC and a
-# process set: each loses the worker killed at step 5, takes the one added at step 10 and ends
-# where the replay of the committed steps ends.
-EVERY_MODE = ("mgwfbp,dear,bytescheduler,prophet,auto,"
+# The synchronous horovod and mgwfbp beside every policy that defers updates to the next forward
+# pass, `auto`, which may choose one, the lossy compressors under both kinds of plan, K-FAC and a
+# process set, side by side in one job: each loses the worker killed at step 5, takes the one
+# added at step 10 and ends where the replay of the committed steps ends.
+EVERY_MODE = ("horovod,mgwfbp,dear,bytescheduler,prophet,auto,"
               "mgwfbp+powersgd,dear+powersgd,horovod+topk,prophet+topk,mgwfbp+kfac,"
               "dear+ranks01")
 
 
-def test_elastic_job_takes_a_worker_added_after_one_was_killed(tmp_path) -> None:
-    logs, finals = _run(tmp_path, kill_at=5, add_at=10, policy=EVERY_MODE)
+@pytest.fixture(scope="module")
+def elastic_run(tmp_path_factory) -> tuple[dict, dict]:
+    """One elastic job that both tests below read (a job costs about a minute here). The last
+    rank leaves with os._exit(1) at the top of step 5, as a user's script would; a worker is
+    added at step 10."""
+    return _run(tmp_path_factory.mktemp("elastic"), kill_at=5, add_at=10, policy=EVERY_MODE,
+                kill="last,exit,top")
+
+
+def test_elastic_job_survives_losing_its_last_worker(elastic_run: tuple[dict, dict]) -> None:
+    """Under dear and auto all-gathers and deferred updates were in flight when the last rank
+    left: a survivor's restore once joined a Gloo worker still receiving from the other
+    survivor, whose old group stayed open (Note [Retiring a group] in csrc/engine.cpp). The
+    survivors re-form, every step from 5 to 9 is committed in a world of 2, and every policy
+    ends where the replay of the committed steps ends."""
+    logs, finals = elastic_run
     _check(logs, finals, survivors=3, expected_sizes=[3] * 5 + [2] * 5 + [3] * 10)
+
+
+def test_elastic_job_takes_a_worker_added_after_one_was_killed(
+        elastic_run: tuple[dict, dict]) -> None:
+    logs, finals = elastic_run
     added_steps = elastic_job.committed_steps(logs[ADDED])
     assert [step for step, _ in added_steps] == list(range(10, 20)), logs[ADDED]
     # Each world size got its own plans: profiled afresh after every re-form.

@@ -51,24 +51,29 @@ def _config(root: str, host: str) -> str:
         "OverSubscribe=FORCE", ""])
 
 
-def _stop(pid_file: str) -> None:
-    try:
-        with open(pid_file, encoding="utf-8") as handle:
-            pid = int(handle.read().strip())
-    except (OSError, ValueError):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    for _ in range(50):
+def _stop(pid_files: list[str]) -> None:
+    """SIGTERM to every daemon at once, then up to 5 s for each to end before SIGKILL: slurmd,
+    slurmctld and munged each take a while to shut down, and need not take it in turn."""
+    pids = []
+    for pid_file in pid_files:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+            with open(pid_file, encoding="utf-8") as handle:
+                pid = int(handle.read().strip())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):  # never started, or already gone
+            continue
+        pids.append(pid)
+    deadline = time.monotonic() + 5.0
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager
@@ -117,5 +122,4 @@ def slurm_cluster(root: str) -> Iterator[dict[str, str]]:
     finally:
         subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, env=env,
                        timeout=30, check=False)
-        for pid_file in pid_files:
-            _stop(pid_file)
+        _stop(pid_files)

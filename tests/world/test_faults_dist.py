@@ -6,7 +6,8 @@ they waited for, within COMMSCHED_TIMEOUT + 10 s, and never hang."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from helpers import distributed_test
@@ -129,9 +130,9 @@ def _stalling_job(stall_s: float) -> dict:
             "params": [p.detach().clone() for p in model.parameters()] if error is None else None}
 
 
-def test_stalled_rank_warns_on_rank_0_and_the_job_continues() -> None:
-    results = distributed_test(_stalling_job, world_size=2, timeout=90, args=(4.0,),
-                               env={"COMMSCHED_STALL_WARNING": "1.5", "COMMSCHED_TIMEOUT": "30"})
+def test_stalled_rank_warns_on_rank_0_and_the_job_continues(
+        sleeping_jobs: dict[str, Future]) -> None:
+    results = sleeping_jobs["warns"].result()
     assert results[0]["error"] is None and results[1]["error"] is None
     assert results[0]["warnings"], "rank 0 did not warn about the stalled rank"
     assert "rank 1: missing '0.weight'" in results[0]["warnings"][0], results[0]["warnings"][0]
@@ -140,12 +141,9 @@ def test_stalled_rank_warns_on_rank_0_and_the_job_continues() -> None:
         assert a.equal(b)
 
 
-@pytest.mark.parametrize("stall_s", [8.0])
-def test_rank_stalled_past_the_timeout_is_an_error_not_a_hang(stall_s: float) -> None:
-    results = distributed_test(_stalling_job, world_size=2, timeout=90, args=(stall_s,),
-                               env={"COMMSCHED_TIMEOUT": "3", "COMMSCHED_STALL_WARNING": "0"},
-                               expect_errors=True)
-    error = results[0]["error"]
+def test_rank_stalled_past_the_timeout_is_an_error_not_a_hang(
+        sleeping_jobs: dict[str, Future]) -> None:
+    error = sleeping_jobs["past_timeout"].result()[0]["error"]
     assert error is not None and "timed out after 3 s" in error, error
     # Alive but late, not a dead rank: named first, with where it is stuck and what it holds.
     assert error.startswith("rank 1 is stuck in backward of iteration 2 for "), error
@@ -185,10 +183,30 @@ def _blocks_in_flight_at_a_timeout() -> dict:
     return {"error": None}
 
 
-def test_stopping_after_a_timeout_does_not_wait_for_the_blocks_in_flight() -> None:
-    results = distributed_test(_blocks_in_flight_at_a_timeout, world_size=2, timeout=90,
-                               env={"COMMSCHED_TIMEOUT": "2", "COMMSCHED_STALL_WARNING": "0"},
-                               expect_errors=True)
-    out = results[0]
+def test_stopping_after_a_timeout_does_not_wait_for_the_blocks_in_flight(
+        sleeping_jobs: dict[str, Future]) -> None:
+    out = sleeping_jobs["in_flight"].result()[0]
     assert out["error"] is not None and "timed out after 2 s" in out["error"], out
     assert out["stop_s"] < 1.0, out
+
+
+# (job, its arguments, its environment, whether a rank is to raise)
+SLEEPING_JOBS: dict[str, tuple[Callable[..., dict], tuple, dict[str, str], bool]] = {
+    "warns": (_stalling_job, (4.0,),
+              {"COMMSCHED_STALL_WARNING": "1.5", "COMMSCHED_TIMEOUT": "30"}, False),
+    "past_timeout": (_stalling_job, (8.0,),
+                     {"COMMSCHED_TIMEOUT": "3", "COMMSCHED_STALL_WARNING": "0"}, True),
+    "in_flight": (_blocks_in_flight_at_a_timeout, (),
+                  {"COMMSCHED_TIMEOUT": "2", "COMMSCHED_STALL_WARNING": "0"}, True),
+}
+
+
+@pytest.fixture(scope="module")
+def sleeping_jobs() -> Iterator[dict[str, Future]]:
+    """The jobs of the three tests above, started together: a stalled rank mostly sleeps (4-12
+    s), so one after the other they left the machine idle. Each test reads its own job's
+    outcome, and fails alone where that job failed."""
+    with ThreadPoolExecutor(max_workers=len(SLEEPING_JOBS)) as pool:
+        yield {name: pool.submit(distributed_test, job, world_size=2, timeout=90, args=args,
+                                 env=env, expect_errors=errors)
+               for name, (job, args, env, errors) in SLEEPING_JOBS.items()}

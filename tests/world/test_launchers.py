@@ -12,9 +12,12 @@ size of 1, srun's two nodes): the rendezvous of several hosts then runs on this 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -190,9 +193,28 @@ def test_batch_script_without_srun_fails_naming_it(tmp_path, slurm) -> None:
     script = os.path.join(out, "batch.sh")
     with open(script, "w", encoding="utf-8") as handle:
         handle.write(f'#!/bin/sh\nexec "{PY}" "{JOB}" "{out}"\n')  # sbatch passes PYTHONPATH
-    run_job(["sbatch", "-n", "2", "-W", "-o", log, script], timeout=180, env=slurm,
-            expect_ok=False)
+    submitted = run_job(["sbatch", "--parsable", "-n", "2", "-o", log, script], timeout=60,
+                        env=slurm)
+    _wait_for_batch_job(submitted.stdout.strip().split(";")[0], slurm, timeout=180)
     with open(os.path.join(out, "rank0.error"), encoding="utf-8") as handle:
         text = handle.read()
     assert "SLURM_NTASKS=2" in text and "srun python" in text, text
     assert not os.path.exists(os.path.join(out, "rank0.pt"))
+
+
+def _wait_for_batch_job(job_id: str, slurm: dict[str, str], timeout: float) -> None:
+    """Until the batch job has ended. sbatch -W would wait as well, but it asks again only after
+    sleeps that grow to several seconds: most of this test's time went there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                               text=True, env={**os.environ, **slurm}, timeout=30)
+        state = shown.stdout + shown.stderr
+        if "Invalid job id" in state:  # ended and already purged (MinJobAge)
+            return
+        ended = re.search(r"JobState=(\w+)", state)
+        if ended is not None and ended.group(1) not in ("PENDING", "CONFIGURING", "RUNNING",
+                                                        "COMPLETING"):
+            return
+        assert time.monotonic() < deadline, f"batch job {job_id} still running: {state}"
+        time.sleep(0.2)
