@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from dead_rank_job import STUCK_TIMEOUT as TIMEOUT
@@ -24,18 +25,38 @@ def _leftovers() -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-@pytest.mark.parametrize("launcher,policy", [("horovodrun", "horovod"),
-                                             ("torchrun", "bytescheduler")])
-def test_stuck_rank_fails_the_job_naming_it(launcher: str, policy: str) -> None:
-    run = horovodrun if launcher == "horovodrun" else torchrun
-    started = time.monotonic()
-    result = run(2, JOB, policy, "stuck", timeout=START_UP + TIMEOUT + 60, expect_ok=False)
-    elapsed = time.monotonic() - started
+CASES = [("horovodrun", "horovod"), ("torchrun", "bytescheduler")]
+
+
+@pytest.fixture(scope="module")
+def stuck_jobs() -> dict[tuple[str, str], tuple[float, subprocess.CompletedProcess] | Exception]:
+    """Both launchers' jobs, run at once: each mostly waits out the stuck rank's timeout. Each
+    outcome is its elapsed time and the launcher's result, or what the launch raised."""
+    def one(case: tuple[str, str]) -> tuple[float, subprocess.CompletedProcess]:
+        launcher, policy = case
+        run = horovodrun if launcher == "horovodrun" else torchrun
+        started = time.monotonic()
+        result = run(2, JOB, policy, "stuck", timeout=START_UP + TIMEOUT + 60, expect_ok=False)
+        return time.monotonic() - started, result
+
+    with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
+        futures = {case: pool.submit(one, case) for case in CASES}
+    return {case: future.exception() or future.result() for case, future in futures.items()}
+
+
+@pytest.mark.parametrize("launcher,policy", CASES)
+def test_stuck_rank_fails_the_job_naming_it(stuck_jobs: dict, launcher: str,
+                                            policy: str) -> None:
+    outcome = stuck_jobs[(launcher, policy)]
+    if isinstance(outcome, Exception):
+        raise outcome
+    elapsed, result = outcome
     assert result.returncode != 0, result.stdout[-3000:]
     assert "RankFailureError: rank 1 is stuck after backward, before step(), in iteration 4" \
         in result.stdout, result.stdout[-4000:]
     assert "finished although" not in result.stdout
     assert elapsed < START_UP + TIMEOUT + 10, (elapsed, result.stdout[-3000:])
+    # Both jobs have ended (the fixture waited for them): no process of either is left.
     deadline = time.monotonic() + 10
     while _leftovers() and time.monotonic() < deadline:
         time.sleep(0.5)
