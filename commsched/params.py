@@ -51,6 +51,7 @@ def _subclasses(cls: type) -> set[type]:
     """`cls` and every class derived from it, however indirectly."""
     found, pending = {cls}, [cls]
     while pending:
+        sub: type
         for sub in pending.pop().__subclasses__():
             if sub not in found:
                 found.add(sub)

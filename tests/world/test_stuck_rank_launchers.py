@@ -29,7 +29,8 @@ CASES = [("horovodrun", "horovod"), ("torchrun", "bytescheduler")]
 
 
 @pytest.fixture(scope="module")
-def stuck_jobs() -> dict[tuple[str, str], tuple[float, subprocess.CompletedProcess] | Exception]:
+def stuck_jobs() -> dict[tuple[str, str],
+                        tuple[float, subprocess.CompletedProcess] | BaseException]:
     """Both launchers' jobs, run at once: each mostly waits out the stuck rank's timeout. Each
     outcome is its elapsed time and the launcher's result, or what the launch raised."""
     def one(case: tuple[str, str]) -> tuple[float, subprocess.CompletedProcess]:
@@ -48,7 +49,7 @@ def stuck_jobs() -> dict[tuple[str, str], tuple[float, subprocess.CompletedProce
 def test_stuck_rank_fails_the_job_naming_it(stuck_jobs: dict, launcher: str,
                                             policy: str) -> None:
     outcome = stuck_jobs[(launcher, policy)]
-    if isinstance(outcome, Exception):
+    if isinstance(outcome, BaseException):
         raise outcome
     elapsed, result = outcome
     assert result.returncode != 0, result.stdout[-3000:]
