@@ -34,7 +34,7 @@ def refuse_data_parallel(model: torch.nn.Module | None, params: list[torch.Tenso
         return
     # The heap holds hundreds of thousands of objects once torch is imported: first the set of
     # their types, made in C, and only where a DDP class is among them a second pass for its
-    # instances (issubclass() on every object goes through DDP's ABC base: 2.5x as long).
+    # instances. issubclass() on every object, through DDP's ABC base, took far longer.
     # type(), not isinstance(): isinstance() asks a dead weak proxy for its class and raises.
     wrappers = set(map(type, gc.get_objects())) & _subclasses(DistributedDataParallel)
     if not wrappers:
