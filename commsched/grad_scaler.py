@@ -1,7 +1,7 @@
 """The wrapper's side of torch.amp.GradScaler: what step() does when the scaler calls it.
 
-The flags of Horovod's synchronize()/step() protocol are step_protocol.py's; this is the update
-itself, skipped on an overflow and unscaled otherwise.
+The flags of Horovod's synchronize()/step() protocol are optimizer.py's (StepProtocol); this is
+the update itself, skipped on an overflow and unscaled otherwise.
 """
 
 from __future__ import annotations

@@ -2,14 +2,17 @@
 
 Like Horovod, the wrapper is an instance of a class made on the fly that derives from the
 user's optimizer class, so ``isinstance`` checks, LR schedulers and ``state_dict()`` keep working.
-This module is Horovod's surface only; the run itself (hooks, engine, plan, overlap) is the
-wrapper's ``session`` (commsched.runtime.session).
+This module is Horovod's surface only: the wrapper, and ``StepProtocol``, the flags of Horovod's
+synchronize()/step() protocol that say which step() reduces and when the wrapper warns. The run
+itself (hooks, engine, plan, overlap) is the wrapper's ``session`` (commsched.runtime.session);
+the update of a step GradScaler calls is grad_scaler.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -17,6 +20,7 @@ import torch
 from . import _C
 from .compression import NoneCompressor, from_config, resolve, split
 from .config import load_config
+from .grad_scaler import UNSCALE_BEFORE_SYNCHRONIZE, scaled_step
 from .ops import Average, ReduceOp, resolve_op
 from .params import refuse_data_parallel, resolve_groups, resolve_names
 from .plan import Plan
@@ -27,12 +31,103 @@ from .runtime.modes.shard_state import check_sharding_allowed, whole_state_dict
 from .runtime.planning.auto.state import AutoState
 from .runtime.session import Session
 from .runtime.wrap import WrapOptions
-from .step_protocol import StepProtocol
 
 _SHARDED_SYNCHRONIZE = (
     "commsched: synchronize() is not possible with shard_optimizer=True: each rank holds the "
     "averaged gradient of its own slice only, and step() updates the slices as they arrive. "
     "Clipping by global norm, GradScaler's unscale_() and K-FAC need every gradient whole.")
+
+
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
+_ZERO_GRAD_DROPS_ACCUMULATION = (
+    "commsched: zero_grad() drops gradients accumulated under no_sync() that were never "
+    "averaged or applied (the last backward pass ran inside no_sync(), as at the end of an epoch "
+    "whose micro-batches do not fill a whole step). To keep them, call optimizer.step() before "
+    "zero_grad(): it averages what was accumulated and steps.")
+_ZERO_GRAD_PENDING = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+
+
+class StepProtocol:
+    """The flags of Horovod's synchronize()/step() protocol, and what step() does with them."""
+
+    def __init__(self, native_amp_scaling: bool) -> None:
+        """Starts outside skip_synchronize(), with nothing synchronized.
+
+        Args:
+            native_amp_scaling: whether the user's optimizer reads GradScaler's ``grad_scale``
+                and ``found_inf`` itself (fused Adam).
+        """
+        self.should_synchronize = True  # False inside skip_synchronize()
+        self.synchronized = False  # synchronize() ran since the last step()
+        # Note [GradScaler asks before it unscales]: whether the last synchronize() was the
+        # scaler's, and whether the user's optimizer unscales by itself (fused Adam).
+        self.synchronized_for_scaler = False
+        self.native_amp_scaling = native_amp_scaling
+
+    @property
+    def reduces(self) -> bool:
+        """Whether step() is to reduce the gradients itself (no synchronize() was called)."""
+        return self.should_synchronize and not self.synchronized
+
+    def after_synchronize(self) -> None:
+        """Records an explicit synchronize(): the next step() steps on its gradients."""
+        self.synchronized = True
+        self.synchronized_for_scaler = False
+
+    def before_scaler(self, synchronize: Callable[[], None]) -> None:
+        """GradScaler asks before it reads a gradient: reduce them first, for the scaler."""
+        if self.reduces:
+            synchronize()
+            self.synchronized_for_scaler = True
+
+    @contextlib.contextmanager
+    def skipping(self) -> Iterator[None]:
+        """The block of skip_synchronize(): step() uses the gradients as they are."""
+        self.should_synchronize = False
+        try:
+            yield
+        finally:
+            self.should_synchronize = True
+
+    def before_update(self, synchronize: Callable[[], None]) -> None:
+        """What a synchronous step() does before the update: reduce, unless skipped.
+
+        Horovod's warning where synchronize() already reduced outside skip_synchronize().
+        """
+        if self.should_synchronize:
+            if self.synchronized:
+                warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=3)  # step()'s caller
+            synchronize()
+        self.synchronized = False
+
+    def before_zero_grad(self, session: Session) -> None:
+        """Horovod's rule for zero_grad(): not while gradients are being reduced in place.
+
+        It also warns where zero_grad() drops gradients accumulated under no_sync() and never
+        averaged.
+        """
+        accumulation = session.accumulation
+        if accumulation.pending:  # never while passing through: no hook hands a gradient over
+            raise AssertionError(_ZERO_GRAD_PENDING)
+        if session.state.held_back:
+            session.state.held_back = False
+            warnings.warn(_ZERO_GRAD_DROPS_ACCUMULATION, stacklevel=3)  # zero_grad()'s caller
+
+    def scaled_step(self, optimizer: torch.optim.Optimizer, session: Session,
+                    closure: Any) -> Any:
+        """step() called by GradScaler (Note [GradScaler asks before it unscales])."""
+        if vars(optimizer)["grad_scale"] is None and self.synchronized_for_scaler:
+            self.synchronized = False
+            raise RuntimeError(UNSCALE_BEFORE_SYNCHRONIZE)
+        if self.should_synchronize and self.synchronized and not self.synchronized_for_scaler:
+            warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=3)  # the scaler, step()'s caller
+        self.synchronized = False
+        return scaled_step(optimizer, session, self.native_amp_scaling, closure)
 
 
 # Note [zero_grad after a deferred step]
@@ -50,7 +145,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """The wrapper's methods, mixed in front of the user's optimizer class.
 
     Its own attributes: ``session`` (the run) and ``_cs_protocol``, the flags of Horovod's
-    synchronize()/step() protocol (step_protocol.py). DistributedOptimizer makes the class;
+    synchronize()/step() protocol (StepProtocol, above). DistributedOptimizer makes the class;
     users never name it.
     """
 

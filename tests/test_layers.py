@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"sim"},
     {"world"},
     {"runtime"},
-    {"optimizer", "step_protocol", "grad_scaler", "params", "kfac", "checkpoint", "join"},
+    {"optimizer", "grad_scaler", "params", "kfac", "checkpoint", "join"},
     {"__init__", "__main__", "info", "bench", "reporting", "lightning"},
 ]
 

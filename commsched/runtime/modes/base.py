@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .shard_state import ShardedState
 
 class StepRules(Protocol):
-    """Horovod's synchronize()/step() flags (commsched.step_protocol.StepProtocol)."""
+    """Horovod's synchronize()/step() flags (commsched.optimizer.StepProtocol)."""
 
     @property
     def reduces(self) -> bool: ...
