@@ -36,11 +36,12 @@ def refuse_data_parallel(model: torch.nn.Module | None, params: list[torch.Tenso
     # their types, made in C, and only where a DDP class is among them a second pass for its
     # instances. issubclass() on every object, through DDP's ABC base, took far longer.
     # type(), not isinstance(): isinstance() asks a dead weak proxy for its class and raises.
-    wrappers = set(map(type, gc.get_objects())) & _subclasses(DistributedDataParallel)
+    heap = gc.get_objects()
+    wrappers = set(map(type, heap)) & _subclasses(DistributedDataParallel)
     if not wrappers:
         return
     ids = {id(p) for p in params}
-    for obj in gc.get_objects():
+    for obj in heap:
         if type(obj) in wrappers and any(id(p) in ids for p in obj.module.parameters()):
             raise ValueError("commsched: the parameters given to DistributedOptimizer belong to "
                              "a module wrapped in torch's DistributedDataParallel, "
