@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from dead_rank_job import STUCK_TIMEOUT as TIMEOUT
@@ -29,10 +29,10 @@ CASES = [("horovodrun", "horovod"), ("torchrun", "bytescheduler")]
 
 
 @pytest.fixture(scope="module")
-def stuck_jobs() -> dict[tuple[str, str],
-                        tuple[float, subprocess.CompletedProcess] | BaseException]:
+def stuck_jobs() -> dict[tuple[str, str], Future[tuple[float, subprocess.CompletedProcess]]]:
     """Both launchers' jobs, run at once: each mostly waits out the stuck rank's timeout. Each
-    outcome is its elapsed time and the launcher's result, or what the launch raised."""
+    future, done once the fixture returns, holds its job's elapsed time and the launcher's
+    result, or what the launch raised."""
     def one(case: tuple[str, str]) -> tuple[float, subprocess.CompletedProcess]:
         launcher, policy = case
         run = horovodrun if launcher == "horovodrun" else torchrun
@@ -41,17 +41,13 @@ def stuck_jobs() -> dict[tuple[str, str],
         return time.monotonic() - started, result
 
     with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
-        futures = {case: pool.submit(one, case) for case in CASES}
-    return {case: future.exception() or future.result() for case, future in futures.items()}
+        return {case: pool.submit(one, case) for case in CASES}
 
 
 @pytest.mark.parametrize("launcher,policy", CASES)
 def test_stuck_rank_fails_the_job_naming_it(stuck_jobs: dict, launcher: str,
                                             policy: str) -> None:
-    outcome = stuck_jobs[(launcher, policy)]
-    if isinstance(outcome, BaseException):
-        raise outcome
-    elapsed, result = outcome
+    elapsed, result = stuck_jobs[(launcher, policy)].result()
     assert result.returncode != 0, result.stdout[-3000:]
     assert "RankFailureError: rank 1 is stuck after backward, before step(), in iteration 4" \
         in result.stdout, result.stdout[-4000:]
