@@ -28,10 +28,11 @@ OMP_NUM_THREADS=1 "$PY" -m pytest lint -q -p no:cacheprovider
 echo "== test: pytest" >&2
 # Every rank and job the suite starts imports commsched from this checkout. Where the
 # environment says not to write bytecode (PYTHONDONTWRITEBYTECODE), each of those processes
-# would compile commsched's sources again (0.35 s against 0.1 s from bytecode, per process):
-# the suite keeps one compiled copy under build/, outside the source tree.
-export PYTHONPYCACHEPREFIX="$ROOT/build/pycache"
-unset PYTHONDONTWRITEBYTECODE
+# would compile commsched's sources again (0.35 s against 0.1 s from bytecode, per process): the
+# suite writes it, into the __pycache__ folders git ignores. Not under a PYTHONPYCACHEPREFIX:
+# that prefix holds the bytecode of every module imported, so on a fresh clone the suite's
+# processes compiled torch and the rest of .venv again instead of reading what pip wrote.
+unset PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX
 set +e
 OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
 rc=$?

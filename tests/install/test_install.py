@@ -73,7 +73,7 @@ def _run(args: list[str], timeout: float, cwd: Path, env: dict[str, str] | None 
          ok: bool = True) -> subprocess.CompletedProcess[str]:
     """Runs a command outside the source tree (cwd, no PYTHONPATH) so that `import commsched`
     finds the installed package; kills its whole process group on timeout."""
-    # Not the suite's PYTHONPYCACHEPREFIX either (scripts/test.sh): under it, the fresh
+    # Not a PYTHONPYCACHEPREFIX either (a developer's shell may set one): under it, the fresh
     # environment's torch, at a path of its own, would be compiled again instead of read from
     # the byte code its install wrote, as a user's environment reads it.
     full_env = {k: v for k, v in os.environ.items()

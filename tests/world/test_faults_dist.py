@@ -69,7 +69,11 @@ CASES = [("horovod", "backward"), ("horovod", "step"), ("ddp", "backward"), ("mg
          ("dear", "forward"), ("dear", "backward"), ("auto", "step")]
 
 
-def test_dead_rank_is_named_with_the_blocks_waited_for() -> None:
+def test_dead_rank_is_named_with_the_blocks_waited_for(
+        sleeping_jobs: dict[str, Future]) -> None:
+    """Takes `sleeping_jobs` without reading it: they start first and sleep while these run."""
+    del sleeping_jobs
+
     def one(case: tuple[str, str]) -> dict:
         # A hang guard only, per job: start-up under load, then the error within TIMEOUT +
         # MARGIN. Whether the error came in time is measured by rank 0 itself (`seconds`).
@@ -203,9 +207,9 @@ SLEEPING_JOBS: dict[str, tuple[Callable[..., dict], tuple, dict[str, str], bool]
 
 @pytest.fixture(scope="module")
 def sleeping_jobs() -> Iterator[dict[str, Future]]:
-    """The jobs of the three tests above, started together: a stalled rank mostly sleeps (4-12
-    s), so one after the other they left the machine idle. Each test reads its own job's
-    outcome, and fails alone where that job failed."""
+    """The jobs of the three tests above, started together and before the dead-rank jobs: a
+    stalled rank mostly sleeps (4-12 s), so one after the other they left the machine idle.
+    Each test reads its own job's outcome, and fails alone where that job failed."""
     with ThreadPoolExecutor(max_workers=len(SLEEPING_JOBS)) as pool:
         yield {name: pool.submit(distributed_test, job, world_size=2, timeout=90, args=args,
                                  env=env, expect_errors=errors)
