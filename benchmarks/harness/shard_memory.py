@@ -28,7 +28,7 @@ from torch import nn
 
 import commsched
 from commsched.bench.compare import make_optimizer, zero_redundancy
-from commsched.bench.models import MODEL_CHOICES, batch, build, loss_fn, model_name
+from commsched.bench.models import MODEL_CHOICES, batch, build, loss_fn, model_argument
 from commsched.runtime.modes.shard_state import state_bytes
 from commsched.torch_compat import ddp_kwargs
 
@@ -48,7 +48,8 @@ def _wrap(mode: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=model_name, required=True, choices=MODEL_CHOICES)
+    parser.add_argument("--model", type=model_argument, required=True,
+                        help=f"{', '.join(m.value for m in MODEL_CHOICES)}, hf:... or tv:...")
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)

@@ -41,7 +41,7 @@ from .compressed_candidates import (
     register_ddp_powersgd,
     split_compression,
 )
-from .models import MODEL_CHOICES, AnyModel, batch, build, loss_fn, model_name
+from .models import MODEL_CHOICES, AnyModel, batch, build, loss_fn, model_argument
 
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
@@ -338,9 +338,11 @@ def main(argv: list[str] | None = None, analysis: RunAnalysis | None = None,
     analysis = analysis or RunAnalysis()
     keep_layout = argparse.RawDescriptionHelpFormatter  # the docstring's example keeps its lines
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=keep_layout)
-    parser.add_argument("--model", type=model_name, default="cnn", choices=MODEL_CHOICES,
+    parser.add_argument("--model", type=model_argument, default="cnn",
                         help="a built-in model, or a real architecture at full size with reduced "
-                        "inputs (commsched/bench/real_models.py)")
+                        f"inputs ({', '.join(m.value for m in MODEL_CHOICES)}), or your own: "
+                        "hf:<transformers model type>?key=value&... (hf:t5?num_layers=4), "
+                        "tv:<torchvision model>?key=value&... (tv:resnet18)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,"
                         "commsched:ddp,commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"

@@ -1,15 +1,18 @@
 """The models the benchmarks train, with synthetic data: the built-in ones, sized so that a
 2-rank CPU run is communication-bound on a shaped 1 Gbit/s loopback and still finishes an
-iteration in well under a second, and the real architectures of `real_models`."""
+iteration in well under a second, the real architectures of `real_models`, and a user's own
+(`any_model`: hf:<transformers model type>?..., tv:<torchvision model>?...)."""
 
 from __future__ import annotations
 
+import argparse
 import enum
 
 import torch
 from torch import nn
 
-from . import real_models
+from . import any_model, real_models
+from .any_model import ModelSpec
 from .real_models import RealModel
 
 
@@ -19,15 +22,46 @@ class ModelName(enum.StrEnum):
     MLP = "mlp"
 
 
-AnyModel = ModelName | RealModel
+AnyModel = ModelName | RealModel | ModelSpec
+
+MODEL_CHOICES: list[ModelName | RealModel] = [*ModelName, *RealModel]
 
 
 def model_name(text: str) -> AnyModel:
-    """A built-in model's or a real architecture's name (argparse's `type=`)."""
-    return ModelName(text) if text in ModelName.__members__.values() else RealModel(text)
+    """A built-in model's or a real architecture's name, or a user's model as
+    ``hf:<transformers model type>?key=value&...`` or ``tv:<torchvision model>?...``
+    (`model_argument` is this for argparse).
+
+    Args:
+        text: the name or the spec.
+
+    Returns:
+        The model's name or spec.
+
+    Raises:
+        ValueError: none of those, or a transformers config without a field it overrides.
+        ImportError: an ``hf:`` model without `transformers`.
+    """
+    if text.startswith((any_model.HF_PREFIX, any_model.TV_PREFIX)):
+        spec = ModelSpec.parse(text)
+        if spec.source == any_model.HF_PREFIX:
+            spec.config()  # a field the model has not is refused now, before any training
+        return spec
+    for choice in MODEL_CHOICES:
+        if text == choice.value:
+            return choice
+    raise ValueError(f"model {text!r}: choose from {', '.join(c.value for c in MODEL_CHOICES)}, "
+                     "or name your own as hf:<transformers model type>?key=value&... or "
+                     "tv:<torchvision model>?key=value&...")
 
 
-MODEL_CHOICES: list[AnyModel] = [*ModelName, *RealModel]
+def model_argument(text: str) -> AnyModel:
+    """`model_name` as argparse's `type=`, which prints an ArgumentTypeError's text (and only
+    "invalid value" for a ValueError)."""
+    try:
+        return model_name(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class SmallCNN(nn.Module):
@@ -77,6 +111,8 @@ class SmallMLP(nn.Module):
 
 
 def build(name: AnyModel, seed: int = 0) -> nn.Module:
+    if isinstance(name, ModelSpec):
+        return any_model.build(name, seed)
     if isinstance(name, RealModel):
         return real_models.build(name, seed)
     torch.manual_seed(seed)
@@ -89,6 +125,8 @@ def build(name: AnyModel, seed: int = 0) -> nn.Module:
 
 def batch(name: AnyModel, batch_size: int, step: int,
           rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(name, ModelSpec):
+        return any_model.batch(name, batch_size, step, rank)
     if isinstance(name, RealModel):
         return real_models.batch(name, batch_size, step, rank)
     gen = torch.Generator().manual_seed(10_000 * rank + step)
@@ -103,6 +141,8 @@ def batch(name: AnyModel, batch_size: int, step: int,
 
 
 def loss_fn(name: AnyModel, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if isinstance(name, ModelSpec):
+        return any_model.loss_fn(name, output, target)
     if isinstance(name, RealModel):
         return real_models.loss_fn(name, output, target)
     if name is ModelName.TRANSFORMER:
