@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from . import vision
+from .real_models import CLASSES, IMAGE_SIDE, SEQUENCE, Inputs, import_transformers
 
 HF_PREFIX, TV_PREFIX = "hf:", "tv:"
-REDUCED_SEQUENCE = 64  # tokens per sample, as the real language models' reduced inputs
-REDUCED_IMAGE_SIDE = 64  # pixels per side of a torchvision model's image, as ResNet-50's
+REDUCED_SEQUENCE = SEQUENCE[Inputs.REDUCED]["gpt2"]  # tokens per sample, as the real LMs'
+REDUCED_IMAGE_SIDE = IMAGE_SIDE[Inputs.REDUCED]["resnet50"]  # a torchvision model's, as ResNet-50's
 
 
 class Head(enum.StrEnum):
@@ -106,7 +107,7 @@ class ModelSpec:
 
 @functools.cache
 def _config(spec: ModelSpec) -> Any:
-    transformers = _transformers(spec.value)
+    transformers = import_transformers(f"model {spec.value!r}")
     try:
         default = transformers.AutoConfig.for_model(spec.name)
     except ValueError:  # its text lists every model type: too long for a command line's error
@@ -119,8 +120,7 @@ def _config(spec: ModelSpec) -> Any:
                          f"{', '.join(map(repr, unknown))}")
     # Passed to the constructor, not set afterwards: fields derived from others at construction
     # (T5's num_decoder_layers from num_layers) follow them.
-    config = transformers.AutoConfig.for_model(spec.name, **dict(spec.overrides))
-    return config
+    return transformers.AutoConfig.for_model(spec.name, **dict(spec.overrides))
 
 
 @functools.cache
@@ -133,21 +133,12 @@ def _head(spec: ModelSpec) -> Head:
     if getattr(config, "image_size", None) is not None and \
             getattr(config, "vocab_size", None) is None:
         return Head.IMAGE_CLASSES
-    transformers = _transformers(spec.value)
+    transformers = import_transformers(f"model {spec.value!r}")
     # An encoder (BERT) has a causal-LM class too, made for use as a decoder: its masked LM is
     # what it trains as.
     if type(config) in transformers.MODEL_FOR_MASKED_LM_MAPPING:
         return Head.MASKED_LM
     return Head.CAUSAL_LM
-
-
-def _transformers(what: str) -> Any:
-    try:
-        import transformers
-    except ImportError as err:
-        raise ImportError(f"model {what!r} is built by `transformers`: pip install "
-                          "'transformers>=4.40'") from err
-    return transformers
 
 
 class _HuggingFaceModel(nn.Module):
@@ -190,7 +181,7 @@ def build(spec: ModelSpec, seed: int = 0) -> nn.Module:
                               "imported beside this torch: install the torchvision release "
                               "made for it")
         return builder(weights=None, **dict(spec.overrides)).train()
-    transformers = _transformers(spec.value)
+    transformers = import_transformers(f"model {spec.value!r}")
     mapping = {Head.CAUSAL_LM: transformers.AutoModelForCausalLM,
                Head.MASKED_LM: transformers.AutoModelForMaskedLM,
                Head.SEQ2SEQ_LM: transformers.AutoModelForSeq2SeqLM,
@@ -206,7 +197,7 @@ def build(spec: ModelSpec, seed: int = 0) -> nn.Module:
 
 def _classes(spec: ModelSpec) -> int:
     if spec.source == TV_PREFIX:
-        return int(dict(spec.overrides).get("num_classes", 1000))
+        return int(dict(spec.overrides).get("num_classes", CLASSES))  # torchvision's default
     return int(spec.config().num_labels)
 
 

@@ -60,13 +60,19 @@ class _LanguageModel(nn.Module):
         return logits
 
 
-def _language_model(name: RealModel) -> nn.Module:
+def import_transformers(what: str) -> Any:
+    """`transformers`, or an ImportError saying that `what` needs it and how to install it."""
     try:
         import transformers
     except ImportError as err:
-        raise ImportError(f"the {name.value} model is built by `transformers`: "
+        raise ImportError(f"{what} is built by `transformers`: "
                           "pip install 'transformers>=4.40' (or, in commsched's "
                           "checkout, pip install --no-build-isolation '.[examples]')") from err
+    return transformers
+
+
+def _language_model(name: RealModel) -> nn.Module:
+    transformers = import_transformers(f"the {name.value} model")
     if name is RealModel.BERT:
         return transformers.BertForMaskedLM(transformers.BertConfig())
     return transformers.GPT2LMHeadModel(transformers.GPT2Config())

@@ -69,11 +69,8 @@ CASES = [("horovod", "backward"), ("horovod", "step"), ("ddp", "backward"), ("mg
          ("dear", "forward"), ("dear", "backward"), ("auto", "step")]
 
 
-def test_dead_rank_is_named_with_the_blocks_waited_for(
-        sleeping_jobs: dict[str, Future]) -> None:
-    """Takes `sleeping_jobs` without reading it: they start first and sleep while these run."""
-    del sleeping_jobs
-
+@pytest.mark.usefixtures("sleeping_jobs")  # started first: they sleep while these run
+def test_dead_rank_is_named_with_the_blocks_waited_for() -> None:
     def one(case: tuple[str, str]) -> dict:
         # A hang guard only, per job: start-up under load, then the error within TIMEOUT +
         # MARGIN. Whether the error came in time is measured by rank 0 itself (`seconds`).
