@@ -205,6 +205,8 @@ def _shutdown_job() -> dict:
     release_transport, without the GIL), not later whenever Python frees the handle: a Gloo
     worker that needs the GIL to free a tensor would otherwise deadlock with the thread that
     destroys the group while holding it."""
+    import time
+
     import torch
 
     import commsched
@@ -222,7 +224,13 @@ def _shutdown_job() -> dict:
     handle.wait()  # one collective: the group's worker threads are running now
     during = _gloo_threads()
     handle.shutdown()
-    after = _gloo_threads()
+    # A joined thread can stay listed under /proc/self/task for a moment while the kernel
+    # finishes its exit (seen once on a loaded 2-core machine: 4 against 2). Read again for a
+    # short while: `handle` is still alive, so threads kept until Python frees it still count.
+    deadline = time.monotonic() + 2.0
+    while (after := _gloo_threads()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    del handle
     return {"before": before, "during": during, "after": after}
 
 
