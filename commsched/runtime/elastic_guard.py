@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import Config
 
 if TYPE_CHECKING:
-    from .intake.accumulation import Accumulation
+    from .intake.gradient_intake import Accumulation
     from .world_binding import WorldBinding
 
 
@@ -30,7 +30,7 @@ def refuse_in_elastic_job(config: Config) -> None:
 # Note [Elastic Horovod and deferred updates]
 # An overlap plan leaves each step()'s update to the next forward pass. Horovod's elastic loop
 # saves its state at state.commit(): TorchState reads model.state_dict() first, whose pre-hooks
-# apply what the runner defers (Note [The last deferred update] in overlap/support.py), and the
+# apply what the runner defers (Note [The last deferred update] in overlap/runner.py), and the
 # optimizer's state_dict() flushes too, so a commit never holds half an update. After a failure
 # Horovod restores the commit (the model's and the optimizer's load_state_dict()), re-forms the
 # world and broadcasts rank 0's state, loading it once more. What the runner still defers at a

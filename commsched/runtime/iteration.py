@@ -11,7 +11,7 @@ there because nobody else reads it:
     pass, the gradients taken out of p.grad): the runner's, Note [Stamps, not sets] in
     modes/overlap/runner.py;
   * whether the profiler records this iteration: the engine handle's `sampling`, which the
-    plan's sampling schedule sets (Note [Sampling the profile] in planning/sampling.py);
+    plan's sampling schedule sets (Note [Sampling the profile] in planning/lifecycle.py);
   * the uneven-inputs vote of the iteration: step_vote.py's StepVote.
 """
 
@@ -31,7 +31,7 @@ class IterationState:
     held_back: bool = False
     # Tensor ids whose gradient arrived sparse on a dense-planned parameter in this iteration:
     # reduced dense and handed back sparse after the wait (Note [sparse gradients without a
-    # route] in intake/gradient_hooks.py).
+    # route] in intake/gradient_intake.py).
     densified: set[int] = field(default_factory=set)
     # Whether a plan or position restored by load_state_dict() awaits the ranks' comparison
     # before the iteration's first collective (PlanLifecycle.check_restored); callers test it

@@ -11,14 +11,14 @@ What happens to one gradient (read top to bottom):
                produced (as zeros), waits for every block, and the user's optimizer steps as
                usual; the overlap one launches the rest and returns, and the runner applies each
                group's update in the next forward pass (commsched.runtime.modes.overlap.runner)
-DistributedOptimizer keeps Horovod's surface and delegates everything else here. A session
-holds: its WorldBinding (binding.py: what it makes for the world it runs in), its GradientHooks
-(gradient_hooks.py: every hook it registers, and what the gradient intake leaves to Python), its
-Accumulation (accumulation.py: the intake itself, the passes counted and what no_sync() holds
-back), its ElasticGuard (elastic.py: re-binding where an elastic job's world was re-formed, and
-what a failed iteration forgets), its StepModes (modes/: which mode step() runs, and the overlap
-runner) and the Resources released with it (release.py). Beside this file: `wrap.py` (the
-options, the specs, the check that ranks agree).
+DistributedOptimizer keeps Horovod's surface and delegates everything else here. A session holds:
+its WorldBinding (world_binding.py: what it makes for the world it runs in), its GradientHooks and
+Accumulation (intake/gradient_intake.py: every hook it registers, what the gradient intake leaves to
+Python, the intake itself, the passes counted and what no_sync() holds back), its ElasticGuard
+(elastic_guard.py: re-binding where an elastic job's world was re-formed, and what a failed
+iteration forgets), its StepModes (modes/: which mode step() runs, and the overlap runner) and the
+Resources released with it (release.py). Beside this file: `wrap.py` (the options, the specs, the
+check that ranks agree).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from .deferred import DeferredUpdates
 from .elastic_guard import ElasticGuard, refuse_in_elastic_job
 from .engine.handle import EngineHandle
 from .engine.step_clock import StepClock
-from .intake.accumulation import Accumulation
-from .intake.gradient_hooks import GradientHooks
+from .intake.gradient_intake import Accumulation, GradientHooks
 from .intake.sparse_route import SparseExchange, sparse_parameter_ids
 from .iteration import IterationState
 from .modes import StepMode, StepModes

@@ -25,8 +25,9 @@ from .engine.step_clock import StepClock
 from .engine.timeline import timeline_path
 from .intake.sparse_route import SparseExchange
 from .iteration import IterationState
+from .modes.overlap.mode import check_overlap_allowed, overlap_possible
+from .modes.overlap.module_profile import ModuleProfile
 from .modes.overlap.runner import OverlapRunner
-from .modes.overlap.support import ModuleProfile, check_overlap_allowed, overlap_possible
 from .modes.shard_state import ShardedState
 from .planning.lifecycle import ModeFollower, PlanLifecycle, Scaling
 from .release import Resources
@@ -100,7 +101,7 @@ class WorldBinding:
         self.lifecycle = PlanLifecycle(world, config, self.specs, self.engine, self.modes,
                                        Scaling(options.compression, 1.0 / options.predivide,
                                                postscale), self.state)
-        if self.compressed is not None:  # Note [Compression is a comm hook] in comm_hook.py
+        if self.compressed is not None:  # Note [Compression is a comm hook] in engine/handle.py
             # Scaled by the engine's pre- x post-scale, which top-k applies itself.
             self.engine.register_comm_hook(LossyHook(
                 self.compressed, postscale / options.predivide, self.engine, self.lifecycle))

@@ -423,7 +423,7 @@ def shutdown() -> None:
     """Ends commsched in this process: applies deferred updates, stops engines, drops groups.
 
     Applies the updates that overlap plans still defer to the next forward pass (Note [The last
-    deferred update] in runtime/modes/overlap/support.py), so the model holds the last step's
+    deferred update] in runtime/modes/overlap/runner.py), so the model holds the last step's
     parameters; stops every engine and its threads; destroys the process groups commsched
     created (one you initialised before commsched stays yours); under horovodrun, shuts Horovod
     down. Call it on every rank at the end of training: a rank that ends without it while others

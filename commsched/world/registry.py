@@ -5,7 +5,7 @@ Engines register here when they are made, so that the heartbeat thread can publi
 progress and ``commsched.shutdown()`` can stop them, without the world importing the runtime
 that sits above it (an engine needs a world to exist; the world only needs this protocol).
 Overlap runners register too: shutdown() applies what they hold first (Note [The last deferred
-update] in runtime/modes/overlap/support.py).
+update] in runtime/modes/overlap/runner.py).
 """
 
 from __future__ import annotations

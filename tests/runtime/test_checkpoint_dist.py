@@ -41,7 +41,7 @@ def _train(policy: str, path: str, resume: bool) -> dict:
     for step in range(K if resume else 0, K + M):
         if step == K and not resume:
             # The model first, as loops do: its state_dict() applies the pending overlap update
-            # (Note [The last deferred update] in runtime/modes/overlap/support.py).
+            # (Note [The last deferred update] in runtime/modes/overlap/runner.py).
             state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
             torch.save(state, path.format(rank=rank))
             out["saved"] = state["optimizer"]["commsched"]["plan"]["fingerprint"]

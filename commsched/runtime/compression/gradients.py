@@ -203,7 +203,7 @@ class CompressedGradients:
         """Compression starts at its start_step: from then on the plans carry its wire tensors
         (commsched.plan.compressed); the plan in place is rebuilt when it starts mid-run. (The
         C++ gradient intake leaves a compressed tensor's gradient to Python, whose slow path
-        hands it over here: runtime/intake/gradient_hooks.py.)"""
+        hands it over here: runtime/intake/gradient_intake.py.)"""
         if self.on:
             if self.topk is not None and self.topk.due(iteration):
                 # Top-k's next warm-up stage: the updates still deferred are rebuilt from the

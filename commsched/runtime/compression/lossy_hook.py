@@ -1,6 +1,6 @@
 """The comm hook of a lossy compressor: PowerSGD or top-k with error feedback (compressed.py),
 registered on the engine handle by the binding (Note [Compression is a comm hook] in
-comm_hook.py)."""
+engine/handle.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from ... import _C
 from ...plan import Plan
-from ..engine.comm_hook import CommHook
+from ..engine.handle import CommHook
 from .gradients import CompressedGradients
 
 if TYPE_CHECKING:

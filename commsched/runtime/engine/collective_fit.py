@@ -51,7 +51,7 @@ def fit_alpha_beta(samples: list[tuple[int, float]], fallback: NetModel = DEFAUL
 # busy time is its measured one. On clean affine samples this is least squares exactly. The
 # samples are those of the latest half of the recorded iterations, as for ready times: the
 # first ones are warm-up, and `auto`'s profiling steps ran another plan (all of them once the
-# plan has settled: Note [Sampling the profile] in sampling.py).
+# plan has settled: Note [Sampling the profile] in planning/lifecycle.py).
 #
 # Note [A collective's cost is its typical iteration's]
 # The simulator plays one typical iteration and the reports set it beside the median measured

@@ -1,10 +1,13 @@
 """Python side of the engine: hands a Plan to commsched._C and keeps the timeline and profiler
-fed. The work itself happens in commsched._C on background threads."""
+fed, and runs the comm hook registered on it beside the plan's collectives, a hook with its own
+state as DDP's comm hooks hold a PowerSGDState. The work itself happens in commsched._C on
+background threads."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -12,11 +15,73 @@ import torch.distributed as dist
 from ... import _C
 from ...compression import Compressor
 from ...plan import Collective, Plan, Stage, TensorSpec, dtype_name
+from ...plan.compressed import WireLayout
 from ...world import World, registry
 from ...world.errors import RankFailureError, without_backtrace
-from .comm_hook import CommHook
 from .profiler import Profiler
 from .timeline import TimelineWriter
+
+# Note [Compression is a comm hook]
+# Lossy compression changes four moments of an iteration: a gradient's hand-over (it goes to the
+# compressor, which marks its wire tensors ready), the end of backward (gradients not produced
+# still count, as zeros), the wait at synchronize() or step() (PowerSGD's second round before it,
+# the gradients rebuilt after it), and the end of the iteration (compression starts at its
+# start_step, top-k moves through its warm-up stages). Each is one method of CommHook, whose
+# default does what an uncompressed run needs: nothing, the engine taking the gradient as it is.
+# The session, the gradient hooks, the step modes and the overlap runner call the engine's hook at
+# those moments and never ask whether compression runs; LossyHook (lossy_hook.py) holds the
+# compressor and its scale and answers them itself (compressing or not yet, by its start_step).
+
+
+class RunningCompressor(Protocol):
+    """What an overlap plan's layout reads of a compressor while it runs
+    (runtime/modes/overlap/layout.py)."""
+
+    ids: list[int]  # the compressed tensors, by index
+
+    @property
+    def layout(self) -> WireLayout: ...
+
+
+class CommHook:
+    """The default hook: every gradient goes to the engine as it is."""
+
+    # Tensor ids whose hand-over is Python's: the C++ gradient intake leaves them to the
+    # slow path (runtime/intake/gradient_intake.py), which offers them to `hand_over`.
+    python_ids: tuple[int, ...] = ()
+    # Whether the hook's work matters in a world of one too (error feedback changes the
+    # gradients there): such a session never steps as the plain optimizer.
+    works_alone = False
+
+    def hand_over(self, tensor_id: int, grad: torch.Tensor) -> bool:
+        """Offers the finished gradient of `tensor_id`; returns whether the hook took it (else
+        the engine takes it as it is)."""
+        return False
+
+    def launch_rest(self) -> None:
+        """At step(): the hook's gradients not produced on this rank, as zeros."""
+
+    def before_wait(self, plan: Plan) -> None:
+        """Before a synchronous wait for every block of `plan`."""
+
+    def after_wait(self) -> None:
+        """After that wait: the gradients in ``p.grad`` as the optimizer is to see them."""
+
+    def deferred_round(self, plan: Plan, before_wait: Callable[[int], None]) -> None:
+        """At an overlap plan's step(): what must be launched before step() returns;
+        `before_wait(position)` runs before any wait for the block at `position`."""
+
+    def iteration_ended(self, iteration: int) -> None:
+        """After the iteration that `iteration` now counts."""
+
+    def running(self) -> RunningCompressor | None:
+        """The compressor whose gradients an overlap plan's groups rebuild, while it runs."""
+        return None
+
+    def decompress(self, index: int, out: torch.Tensor) -> None:
+        """Rebuilds the hook's gradient `index` into `out` (an overlap plan's group update)."""
+        raise AssertionError("commsched: an uncompressed run rebuilds no gradient")
+
 
 # Per process set (None: the whole world): ranks outside a set make none of its engines.
 _engine_ids: dict[tuple[int, ...] | None, itertools.count] = {}
@@ -75,7 +140,7 @@ class EngineHandle:
         self._forward_positions: list[int] = []  # the plan's blocks released by the caller
         self._iteration = iteration or (lambda: self.rounds)
         # What the reduction runs beside the plan's collectives (Note [Compression is a comm
-        # hook] in comm_hook.py): the default until a compressor's is registered.
+        # hook] in engine/handle.py): the default until a compressor's is registered.
         self.comm_hook = CommHook()
         self._world = world
         self.timeout_ms = max(1, int(timeout * 1000))
@@ -100,7 +165,8 @@ class EngineHandle:
         registry.register(self)
 
     def register_comm_hook(self, hook: CommHook) -> None:
-        """Makes `hook` run at each hand-over, wait and iteration end (comm_hook.py)."""
+        """Makes `hook` run at each hand-over, wait and iteration end (Note [Compression is a
+        comm hook])."""
         self.comm_hook = hook
 
     @property

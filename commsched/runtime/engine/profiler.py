@@ -95,8 +95,8 @@ class Profiler:
     _restart: bool = False  # the next recorded iteration starts the window (restart_window)
     _restart_steady: bool = False  # ... and the window it starts is steady
     # Whether every iteration in the window ran the settled plan past its warm-up (Note
-    # [Sampling the profile] in sampling.py): then the whole window describes it, otherwise
-    # its latest half.
+    # [Sampling the profile] in planning/lifecycle.py): then the whole window describes it,
+    # otherwise its latest half.
     steady: bool = False
     # This iteration's before_first_ready_s, -1 until noted (Note [A pause is not compute]).
     _before_this_iteration: float = -1.0
@@ -295,7 +295,7 @@ def _median_or_none(values: list[float] | None) -> float | None:
 def module_rows(module_order: Sequence[str], module_times: dict[str, list[float]]) -> list[dict]:
     """Inclusive forward time per module (the median over the latest half of its recorded
     forward passes, as for ready times: Note [Module times at steady state] in
-    overlap/support.py), and its own time: inclusive minus its children's."""
+    overlap/module_profile.py), and its own time: inclusive minus its children's."""
     inclusive = {name: _median_or_none(latest_half(module_times.get(name) or []))
                  for name in module_order}
     children = children_seconds(inclusive)

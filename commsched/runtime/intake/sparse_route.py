@@ -18,7 +18,7 @@ largest; every wait is bounded by the group's timeout.
 
 Without ``model=`` nothing tells commsched before training which parameters are sparse: their
 gradients are then reduced dense and handed back sparse (Note [sparse gradients without a route]
-in runtime/intake/gradient_hooks.py), as Horovod's ``sparse_as_dense=True`` does.
+in runtime/intake/gradient_intake.py), as Horovod's ``sparse_as_dense=True`` does.
 """
 
 from __future__ import annotations

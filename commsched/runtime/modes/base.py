@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from ..elastic_guard import ElasticGuard
     from ..engine.handle import EngineHandle
     from ..engine.step_clock import StepClock
-    from ..intake.accumulation import Accumulation
-    from ..intake.gradient_hooks import GradientHooks
+    from ..intake.gradient_intake import Accumulation, GradientHooks
     from ..intake.sparse_route import SparseExchange
     from ..iteration import IterationState
     from ..planning.lifecycle import PlanLifecycle

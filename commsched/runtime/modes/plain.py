@@ -9,8 +9,8 @@ larger worlds from, `auto`'s choice) but costs a hook per gradient and a wait pe
 (measured on GPT-2's 148 tensors on a core here in benchmarks/overhead/gpt2_layout_cpu/README.md).
 Once nothing is left to learn, that cost buys nothing. So when the plan has settled and its
 closely sampled iterations are over (the profile then describes it: Note [Sampling the profile]
-in sampling.py), a session with no peer removes its gradient hooks (and torch's hook object
-with them: Note [An empty hook dict still costs a call] in csrc/gradient_intake.cpp) and from
+in planning/lifecycle.py), a session with no peer removes its gradient hooks (and torch's hook
+object with them: Note [An empty hook dict still costs a call] in csrc/gradient_intake.cpp) and from
 then on step() counts the iteration and calls the user's optimizer, and nothing else. Only
 where that changes nothing the user can see:
   * one world of one, for good: not in an elastic job (a world that may grow again);

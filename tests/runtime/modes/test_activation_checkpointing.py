@@ -2,7 +2,7 @@
 gradient_checkpointing_enable() uses it) under the overlap policies, in a world of one that
 keeps stepping through the engine: the recomputed forward passes inside backward leave the
 parameters where the plain optimizer leaves them, and are not timed as forward passes (Note
-[Recomputed forward passes are not timed] in commsched/runtime/modes/overlap/support.py)."""
+[Recomputed forward passes are not timed] in commsched/runtime/modes/overlap/module_profile.py)."""
 
 from __future__ import annotations
 

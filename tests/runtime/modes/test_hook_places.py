@@ -1,11 +1,11 @@
-"""Which modules' forward pre-hooks apply which update groups (runtime/modes/overlap/support.py,
+"""Which modules' forward pre-hooks apply which update groups (runtime/modes/overlap/layout.py,
 Note [Skipped group starts] and Note [The leading group runs at the root]): a pure function of
 the groups, the first users and the forward order, checked without a model."""
 
 from __future__ import annotations
 
 from commsched.plan import UpdateGroup
-from commsched.runtime.modes.overlap.support import hook_places
+from commsched.runtime.modes.overlap.layout import hook_places
 
 ORDER = ["", "embed", "blocks.0", "blocks.1", "head"]
 MODULES = set(ORDER)

@@ -1,5 +1,5 @@
 """What an overlap plan still defers after the last step() of a loop: the model's
-state_dict() applies it (Note [The last deferred update] in runtime/modes/overlap/support.py; its
+state_dict() applies it (Note [The last deferred update] in runtime/modes/overlap/runner.py; its
 2-rank twin for commsched.shutdown() is in tests/runtime/test_checkpoint_dist.py), and a dropped
 optimizer takes its runner's module hooks with it (world of one, before passing through)."""
 

@@ -1,7 +1,6 @@
-"""The forward time the runner records per module (runtime/modes/overlap/support.py): a module
-called
-several times in one forward pass, as torchvision's ResNet blocks call their `relu`, records the
-sum of its calls, once per forward pass, and the modules' own times add up to the root's
+"""The forward time the runner records per module (runtime/modes/overlap/module_profile.py): a
+module called several times in one forward pass, as torchvision's ResNet blocks call their `relu`,
+records the sum of its calls, once per forward pass, and the modules' own times add up to the root's
 (Note [A module called several times]); an evaluation between iterations records nothing.
 """
 

@@ -217,7 +217,7 @@ def test_module_times_come_from_sampled_forward_passes_without_the_runners_own_w
     """Note [Module times at steady state]: under an overlap plan, module times are recorded in
     the forward passes the profiler samples, and only there, and leave out what the runner's
     hooks spend inside them (here the 30 ms update in the root's pre-hook)."""
-    from commsched.runtime.planning.sampling import SAMPLE_EVERY
+    from commsched.runtime.planning.lifecycle import SAMPLE_EVERY
     model = _model()
     opt = commsched.DistributedOptimizer(SlowSGD(model.parameters(), lr=0.1), model=model,
                                          policy="bytescheduler", profile_steps=2,
@@ -243,7 +243,7 @@ def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples
     """After the profiling steps the engine records every SAMPLE_EVERY-th iteration; the
     figures the session and the runner time themselves (compute before backward, step_s, the
     optimizer calls) follow the same rounds rather than costing Python every iteration."""
-    from commsched.runtime.planning.sampling import SAMPLE_EVERY
+    from commsched.runtime.planning.lifecycle import SAMPLE_EVERY
     model = _model()
     opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
                                          policy=policy, named_parameters=model.named_parameters(),
@@ -275,7 +275,7 @@ def test_once_planned_the_session_times_only_the_iterations_the_profiler_samples
 def test_a_settled_plan_is_sampled_closely_then_rarely(policy: str) -> None:
     """Note [Sampling the profile]: every SAMPLE_EVERY-th iteration for SAMPLED_CLOSELY
     iterations after the plan settled, then every SAMPLE_EVERY_LATER-th."""
-    from commsched.runtime.planning.sampling import (
+    from commsched.runtime.planning.lifecycle import (
         SAMPLE_EVERY,
         SAMPLE_EVERY_LATER,
         SAMPLED_CLOSELY,
@@ -304,7 +304,7 @@ def test_a_settled_plan_is_sampled_closely_then_rarely(policy: str) -> None:
 def test_a_plan_settled_in_the_warm_up_is_described_whole_only_after_it() -> None:
     """Note [Sampling the profile]: `ddp` settles after one iteration, in the process's warm-up;
     its window is used whole only from WARM_UP_STEPS on."""
-    from commsched.runtime.planning.sampling import SAMPLE_EVERY, WARM_UP_STEPS
+    from commsched.runtime.planning.lifecycle import SAMPLE_EVERY, WARM_UP_STEPS
     model = _model()
     opt = commsched.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
                                          policy="ddp", named_parameters=model.named_parameters())

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 # * `model=` need not be what the loop calls (a container whose inner network it calls, a
 #   LightningModule whose training_step calls self.net, an fx GraphModule): where its root
 #   never ran in the profiling steps, the leading group keeps its own modules' hooks (Note [The
-#   leading group runs at the root] in overlap/support.py);
+#   leading group runs at the root] in overlap/layout.py);
 # * torch.compile reuses a graph traced while a module had no hooks: dynamo does not guard on
 #   module hooks unless told to (torch_compat.guard_module_hooks, set before an overlap plan's
 #   hooks go in);

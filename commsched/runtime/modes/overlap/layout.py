@@ -6,7 +6,7 @@ which modules' pre-hooks apply which groups, and the tensors in no group."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,10 +16,9 @@ from ....plan import Plan, Stage, UpdateGroup
 from ....plan.pieces import UpdatePiece, group_pieces
 from ....plan.update_groups import per_module_groups
 from ....sim.overlap import completing_blocks
-from .support import hook_places
 
 if TYPE_CHECKING:
-    from ...engine.comm_hook import RunningCompressor
+    from ...engine.handle import RunningCompressor
 
 
 @dataclass
@@ -55,8 +54,7 @@ class PlanLayout:
     decompressed: dict[int, int] = field(default_factory=dict)
     groups: tuple[UpdateGroup, ...] = ()
     # Module name -> the groups its pre-hook may apply: those starting there, and those
-    # holding a parameter it is the first user of (Note [Skipped group starts] in
-    # overlap/support.py).
+    # holding a parameter it is the first user of (Note [Skipped group starts]).
     groups_at: dict[str, list[int]] = field(default_factory=dict)
     # The plan positions of DeAR's all-gathers (blocks of the forward stage).
     gathers: list[int] = field(default_factory=list)
@@ -67,6 +65,51 @@ class PlanLayout:
     # hook, Note [The end of the forward pass] in overlap/runner.py, exists only while there
     # are some).
     ungrouped: list[int] = field(default_factory=list)
+
+
+# Note [Skipped group starts]
+# A group is applied in the pre-hook of its first module, but control flow may skip that module
+# in some iteration (a branch taken on even steps only, an expert that got no tokens) while a
+# later module of the same group runs: it would then compute with the old parameters, and the
+# update applied at the end of forward would change tensors its backward still needs. So the
+# first user of every parameter of a group also applies the group if it is still pending; when
+# the start ran, that costs one lookup.
+#
+# Note [The leading group runs at the root]
+# The group that starts at the first module of the forward pass to use any parameter is applied
+# in the root module's pre-hook instead: no module before that one reads a parameter, so the
+# update still comes before its first use and the forward pass hides no less of its wait; and
+# the root runs in every forward pass that ran it in the profiling steps, so that group needs no
+# first-user hooks. With one group (a world of one, or nothing to overlap) only the root keeps
+# hooks: each hooked module costs a Python call and torch's slow module-call path per forward
+# pass (22 modules of the built-in Transformer, about 75 of GPT-2). But `model=` need not be
+# what the loop calls: a container whose inner network the loop calls, a LightningModule whose
+# training_step calls self.net, an fx GraphModule of the model. Its root then never ran in the
+# recorded forward passes (it is not in `order`), and the leading group keeps the hooks of its
+# own modules, as every other group does.
+def hook_places(groups: Sequence[UpdateGroup], first_user: dict[int, str], order: list[str],
+                modules: set[str], root: str) -> dict[str, list[int]]:
+    """Module name -> the indices of the groups its forward pre-hook applies when pending: each
+    group at its start and at the first user of each of its tensors (`first_user`: tensor id ->
+    module), the leading group at the root where the root ran in `order`, and a name not among
+    `modules` at the root too."""
+    users_now = set(first_user.values())
+    leading = next((name for name in order if name in users_now), None) \
+        if root in order else None
+    places: dict[str, list[int]] = {}
+    for index, group in enumerate(groups):
+        users = {root} if group.module == leading else \
+            {group.module, *(first_user.get(t, group.module) for t in group.tensor_ids)}
+        for name in sorted(n if n in modules else root for n in users):
+            if index not in places.get(name, []):
+                places.setdefault(name, []).append(index)
+    return places
+
+
+def outermost(order: list[str], modules: set[str], root: str) -> str:
+    """The module whose forward pass ends the recorded ones: the root, unless the loop calls a
+    module inside it (Note [The leading group runs at the root]), then the first one called."""
+    return root if root in order or not order or order[0] not in modules else order[0]
 
 
 def runner_of(name: str, ran: Collection[str]) -> str:

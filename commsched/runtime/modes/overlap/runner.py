@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,12 +36,65 @@ from ....world import registry
 from ...deferred import DeferredUpdates
 from ...engine.step_clock import UpdateTimer
 from .guard import PendingReadGuard
-from .layout import GroupWork, PlanLayout, first_users, leftovers, plan_layout
+from .layout import GroupWork, PlanLayout, first_users, leftovers, outermost, plan_layout
+from .module_profile import ModuleProfile
 from .piecewise import PiecewiseUpdate
-from .support import GatherPacing, ModuleProfile, apply_before_state_dict, outermost
 
 if TYPE_CHECKING:
     from ...engine.handle import EngineHandle
+
+
+class GatherPacing:
+    """DeAR's all-gathers of the open iteration (the layout's forward-stage blocks): how many
+    the runner released, each one block ahead of the update that needs it."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._positions: list[int] = []  # the plan positions of the all-gathers
+        self._released = 0
+
+    def start(self, positions: list[int]) -> None:
+        """step(): the first all-gather goes (and one of look-ahead)."""
+        self._positions, self._released = positions, 0
+        if positions:
+            self.release_through(0)
+
+    def release_through(self, count: int) -> None:
+        """Releases the all-gathers before position `count` of the list and one more."""
+        positions = self._positions
+        while self._released < min(count + 1, len(positions)):
+            self._engine.release(positions[self._released])
+            self._released += 1
+
+    def release_for(self, position: int) -> None:
+        """Releases the all-gathers up to the block at plan `position` when it is one."""
+        if position in self._positions:
+            self.release_through(self._positions.index(position))
+
+    def release_all(self) -> None:
+        if self._released < len(self._positions):
+            self.release_through(len(self._positions))
+
+
+# Note [The last deferred update]
+# An overlap plan leaves each step()'s update to the next forward pass, so after the last
+# step() of a training loop one update is still pending. The forward pass of an evaluation
+# applies it (the pre-hooks run under no_grad as well), and flush() applies it anywhere; but a
+# loop that ends with torch.save(model.state_dict()) would save the parameters one update short,
+# beside an optimizer state that counts it (optimizer.state_dict() flushes, but after the model
+# was read), and commsched.shutdown() would drop it. So the runner applies what it holds
+# before any of the model's modules hands out its state_dict, and shutdown() applies what every
+# runner holds before it stops the engines (world/registry.py). Both wait only for collectives
+# every rank launched at step(), so one rank may do it alone (rank 0 saving the model): its
+# peers apply theirs in their next forward pass, to the same parameters. A module's
+# load_state_dict() has no public pre-hook on the oldest torch supported (2.4): loading a
+# model's weights mid-run calls flush() first.
+def apply_before_state_dict(modules: Iterable[nn.Module], apply: Callable[[], None]) -> list[Any]:
+    """State-dict pre-hooks on `modules` that call `apply` first (Note [The last deferred
+    update]); their handles."""
+    def before(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        apply()
+    return [module.register_state_dict_pre_hook(before) for module in modules]
 
 
 # Note [The end of the forward pass]
@@ -105,7 +158,7 @@ class OverlapRunner:
         self.active = False
         self._sampled = False  # whether the coming forward pass records module times
         self._set_mode(HookMode.RECORDING)
-        # Note [The last deferred update] in overlap/support.py
+        # See Note [The last deferred update].
         self._state_hooks = apply_before_state_dict(self._named.values(), self.finish)
         registry.register_deferring(self)
 
@@ -127,7 +180,7 @@ class OverlapRunner:
         the first user of some parameter (a hook is a Python call per forward; the expensive
         part, one optimizer call, happens only where a group starts), and, for a forward pass
         the profiler samples, every module's recording hooks (Note [Module times at steady
-        state] in overlap/support.py)."""
+        state] in overlap/module_profile.py)."""
         guard_module_hooks()  # before a compiled forward pass meets the hooks below
         for handle in self._handles:
             handle.remove()
