@@ -451,7 +451,7 @@ def DistributedOptimizer(  # Horovod's name: called like a class
     order they go. The first ``profile_steps`` steps profile; then every rank builds the same
     plan from the world's profile (docs/policies.md). A dropped wrapper releases its engine's
     threads and process groups. Models compiled with ``torch.compile`` run under every policy
-    (Note [Module hooks under torch.compile] in runtime/modes/overlap/mode.py).
+    (Note [Module hooks under torch.compile] in runtime/modes/overlap/runner.py).
 
     Args:
         optimizer: the torch optimizer to wrap; it keeps its param groups, hyper-parameters and

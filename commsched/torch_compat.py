@@ -134,7 +134,7 @@ def eager_hook(hook: Any) -> Any:
     """`hook` run eagerly when a module it is registered on runs inside ``torch.compile``:
     dynamo would otherwise trace into it (an optimizer step, clocks, the engine's waits) and
     fail or bake them into the graph; instead the graph breaks at the call (Note [Module hooks
-    under torch.compile] in runtime/modes/overlap/mode.py)."""
+    under torch.compile] in runtime/modes/overlap/runner.py)."""
     return torch.compiler.disable(hook, recursive=True)
 
 

@@ -5,7 +5,7 @@ loopback). For each policy, one run trains the built-in Transformer eagerly and 
 ``torch.compile(model)`` (default backend) the same way; the second ends with
 ``torch._dynamo.explain`` of one steady-state forward pass: how many graphs it runs and how many
 graph breaks split it, beside the modules whose forward pre-hooks apply update groups (Note
-[Module hooks under torch.compile] in commsched/runtime/modes/overlap/mode.py). Rank 0 writes
+[Module hooks under torch.compile] in commsched/runtime/modes/overlap/runner.py). Rank 0 writes
 ``results.json`` and ``README.md`` to the output folder.
 
     torchrun --nproc_per_node=2 scripts/compile_cost.py --out benchmarks/compile

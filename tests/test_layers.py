@@ -12,7 +12,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "commsched"
 
 # Bottom up. A module may import from its own layer and the layers below it.
 LAYERS: list[set[str]] = [
-    {"_C", "config", "units", "ops", "compression", "compression_math", "torch_compat", "outputs"},
+    {"_C", "config", "bandwidth", "ops", "compression", "compression_math", "torch_compat",
+     "outputs"},
     {"plan"},
     {"sim"},
     {"world"},

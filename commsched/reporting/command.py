@@ -8,8 +8,8 @@ import json
 import os
 import sys
 
+from ..bandwidth import UnitError, parse_bandwidth
 from ..outputs import OutputPathError, prepare_file
-from ..units import UnitError, parse_bandwidth
 from . import analysis
 from .analysis import ReportError, build_report
 from .output import markdown, plot_iteration

@@ -25,9 +25,8 @@ from .engine.step_clock import StepClock
 from .engine.timeline import timeline_path
 from .intake.sparse_route import SparseExchange
 from .iteration import IterationState
-from .modes.overlap.mode import check_overlap_allowed, overlap_possible
 from .modes.overlap.module_profile import ModuleProfile
-from .modes.overlap.runner import OverlapRunner
+from .modes.overlap.runner import OverlapRunner, check_overlap_allowed, overlap_possible
 from .modes.shard_state import ShardedState
 from .planning.lifecycle import ModeFollower, PlanLifecycle, Scaling
 from .release import Resources

@@ -11,10 +11,10 @@ import re
 import sys
 from pathlib import Path
 
+from ..bandwidth import UnitError, parse_bandwidth
 from ..compression import LossyCompression
 from ..config import Policy, load_config
 from ..outputs import OutputPathError, prepare_file
-from ..units import UnitError, parse_bandwidth
 from .compressed import CompressorError, parse_compressor
 from .network import Algorithm
 from .profile import (

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ..engine.handle import EngineHandle
     from ..iteration import IterationState
     from ..modes.overlap.runner import OverlapRunner
-    from ..world_binding import WorldBinding
     from .sparse_route import SparseExchange
 
 _NO_SYNC_AFTER_SEND = (
@@ -34,6 +33,16 @@ _NO_SYNC_AFTER_SEND = (
     "last one outside it, as with DDP.")
 
 
+class _SparseRouteHolder(Protocol):
+    """What the passes' count reads of the session's WorldBinding (runtime/world_binding.py,
+    which imports this module through the step modes)."""
+
+    @property
+    def bound(self) -> bool: ...
+    @property
+    def sparse(self) -> SparseExchange: ...
+
+
 class Accumulation:
     """Held by a Session. The dense gradients' passes are counted in C++ by the gradient intake
     (Note [Gradients handed over in C++], csrc/gradient_intake.h), the routed sparse ones' by
@@ -41,7 +50,7 @@ class Accumulation:
     again: it is read through the binding, and only while bound."""
 
     def __init__(self, passes: int, params: list[torch.Tensor],
-                 routed: list[tuple[str, torch.Tensor]], binding: WorldBinding,
+                 routed: list[tuple[str, torch.Tensor]], binding: _SparseRouteHolder,
                  first_gradient: Callable[[], None], slow_path: Callable[[int], None],
                  state: IterationState) -> None:
         self.passes = passes

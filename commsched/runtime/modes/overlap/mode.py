@@ -1,7 +1,6 @@
 """The overlap mode (cross-iteration): step() launches the rest and returns; the overlap runner
 (runtime/modes/overlap/runner.py) applies each group's update in the next forward pass
-(bytescheduler, prophet, dear, and `auto`'s choice of one). And whether a wrapped model and
-optimizer can run it at all."""
+(bytescheduler, prophet, dear, and `auto`'s choice of one)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ....torch_compat import compiled_fullgraph
 from ..base import ModeKind, StepRules
 from ..synchronous import SynchronousMode
 
@@ -82,40 +80,3 @@ class OverlapMode(SynchronousMode):
 
     def finish(self) -> None:
         self.runner.finish()
-
-
-# Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.
-_UNSPLITTABLE = (torch.optim.LBFGS,)
-
-
-# Note [Module hooks under torch.compile]
-# An overlap plan's updates run in forward pre-hooks (and the profiling steps time each module
-# with hooks). Inside a compiled forward pass dynamo would trace into them: an optimizer step,
-# clocks and the engine's waits, which it cannot trace (it failed on the update's param-group
-# views). Every such hook is registered through torch_compat.eager_hook, so dynamo breaks the
-# graph at the hook and runs it eagerly: at most one break per module whose pre-hook applies an
-# update group (where a group starts, and the first user of each of its parameters: Note
-# [Skipped group starts]; OverlapRunner.hooked_modules), and at modules in the forward passes
-# that record module times (the profiling steps, then the sampled ones). The breaks counted on
-# the built-in Transformer are in benchmarks/compile/. A model compiled with fullgraph=True
-# forbids graph breaks, so there the overlap policies are refused at wrap time and `auto` plans
-# synchronous policies only.
-def overlap_possible(model: Any, base_cls: type) -> bool:
-    return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE) \
-        and not compiled_fullgraph(model)
-
-
-def check_overlap_allowed(policy_name: str, model: Any, base_cls: type) -> None:
-    if model is None or not isinstance(model, torch.nn.Module):
-        raise ValueError(f"commsched: policy '{policy_name}' applies each update in the next "
-                         "forward pass and needs the model: DistributedOptimizer(..., model=model)")
-    if compiled_fullgraph(model):
-        raise ValueError(f"commsched: policy '{policy_name}' applies each update in a forward "
-                         "pre-hook, which breaks the graph, and the model was compiled with "
-                         "torch.compile(..., fullgraph=True), which forbids graph breaks; use "
-                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous, no hooks in forward), "
-                         "or compile without fullgraph=True")
-    if issubclass(base_cls, _UNSPLITTABLE):
-        raise ValueError(f"commsched: {base_cls.__name__} needs all gradients at once and cannot "
-                         f"be split into per-block updates as policy '{policy_name}' does; use "
-                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous)")

@@ -17,6 +17,10 @@ Timeline of one iteration (after the profiling steps):
 During the profiling steps every module has hooks that record the forward order and each
 module's time; once an overlap plan runs, only the modules that start a group keep one, except
 in the forward passes the profiler samples (Note [Module times at steady state]).
+
+Beside the runner: DeAR's all-gather pacing it owns (GatherPacing), its state-dict pre-hooks
+(Note [The last deferred update]), and whether a wrapped model and optimizer can run it at all
+(check_overlap_allowed).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch import nn
 
 from .... import _C
 from ....plan import Plan
-from ....torch_compat import eager_hook, guard_module_hooks
+from ....torch_compat import compiled_fullgraph, eager_hook, guard_module_hooks
 from ....world import registry
 from ...deferred import DeferredUpdates
 from ...engine.step_clock import UpdateTimer
@@ -417,3 +421,40 @@ def _copy_gathered(params: list[torch.Tensor], gathered: list[torch.Tensor]) -> 
     with torch.no_grad():
         for param, value in zip(params, gathered, strict=True):
             param.copy_(value)
+
+
+# Optimizers whose step needs every gradient at once: they cannot be split into per-block updates.
+_UNSPLITTABLE = (torch.optim.LBFGS,)
+
+
+# Note [Module hooks under torch.compile]
+# An overlap plan's updates run in forward pre-hooks (and the profiling steps time each module
+# with hooks). Inside a compiled forward pass dynamo would trace into them: an optimizer step,
+# clocks and the engine's waits, which it cannot trace (it failed on the update's param-group
+# views). Every such hook is registered through torch_compat.eager_hook, so dynamo breaks the
+# graph at the hook and runs it eagerly: at most one break per module whose pre-hook applies an
+# update group (where a group starts, and the first user of each of its parameters: Note
+# [Skipped group starts]; OverlapRunner.hooked_modules), and at modules in the forward passes
+# that record module times (the profiling steps, then the sampled ones). The breaks counted on
+# the built-in Transformer are in benchmarks/compile/. A model compiled with fullgraph=True
+# forbids graph breaks, so there the overlap policies are refused at wrap time and `auto` plans
+# synchronous policies only.
+def overlap_possible(model: Any, base_cls: type) -> bool:
+    return isinstance(model, torch.nn.Module) and not issubclass(base_cls, _UNSPLITTABLE) \
+        and not compiled_fullgraph(model)
+
+
+def check_overlap_allowed(policy_name: str, model: Any, base_cls: type) -> None:
+    if model is None or not isinstance(model, torch.nn.Module):
+        raise ValueError(f"commsched: policy '{policy_name}' applies each update in the next "
+                         "forward pass and needs the model: DistributedOptimizer(..., model=model)")
+    if compiled_fullgraph(model):
+        raise ValueError(f"commsched: policy '{policy_name}' applies each update in a forward "
+                         "pre-hook, which breaks the graph, and the model was compiled with "
+                         "torch.compile(..., fullgraph=True), which forbids graph breaks; use "
+                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous, no hooks in forward), "
+                         "or compile without fullgraph=True")
+    if issubclass(base_cls, _UNSPLITTABLE):
+        raise ValueError(f"commsched: {base_cls.__name__} needs all gradients at once and cannot "
+                         f"be split into per-block updates as policy '{policy_name}' does; use "
+                         "policy='horovod', 'ddp' or 'mgwfbp' (synchronous)")
