@@ -41,7 +41,15 @@ from .compressed_candidates import (
     register_ddp_powersgd,
     split_compression,
 )
-from .models import MODEL_CHOICES, AnyModel, batch, build, loss_fn, model_argument
+from .models import (
+    MODEL_CHOICES,
+    AnyModel,
+    batch,
+    build,
+    loss_fn,
+    model_argument,
+    optimizer_class,
+)
 
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
@@ -70,7 +78,7 @@ def source_commit() -> str | None:
 def make_optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
     """Every candidate's optimizer (OPTIMIZERS[kind]) over `model`'s parameters."""
     cls, settings = OPTIMIZERS[kind]
-    return cls(model.parameters(), **settings)
+    return optimizer_class(model, cls)(model.parameters(), **settings)
 
 
 def zero_redundancy(kind: str, model: nn.Module) -> torch.optim.Optimizer:
@@ -78,7 +86,8 @@ def zero_redundancy(kind: str, model: nn.Module) -> torch.optim.Optimizer:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     cls, settings = OPTIMIZERS[kind]
-    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **settings)
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class(model, cls),
+                                   **settings)
 
 
 def _stepper(name: AnyModel, model: nn.Module, opt: torch.optim.Optimizer, batch_size: int,
@@ -342,7 +351,8 @@ def main(argv: list[str] | None = None, analysis: RunAnalysis | None = None,
                         help="a built-in model, or a real architecture at full size with reduced "
                         f"inputs ({', '.join(m.value for m in MODEL_CHOICES)}), or your own: "
                         "hf:<transformers model type>?key=value&... (hf:t5?num_layers=4), "
-                        "tv:<torchvision model>?key=value&... (tv:resnet18)")
+                        "tv:<torchvision model>?key=value&... (tv:resnet18), or a device's "
+                        "compute replayed: profile:<profile JSON>?k=<byte scale>")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--candidates", default=f"{LOCAL},hvd,torch-ddp,commsched:horovod,"
                         "commsched:ddp,commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,"

@@ -1,7 +1,8 @@
 """The models the benchmarks train, with synthetic data: the built-in ones, sized so that a
 2-rank CPU run is communication-bound on a shaped 1 Gbit/s loopback and still finishes an
 iteration in well under a second, the real architectures of `real_models`, and a user's own
-(`any_model`: hf:<transformers model type>?..., tv:<torchvision model>?...)."""
+(`any_model`: hf:<transformers model type>?..., tv:<torchvision model>?...), and a replay of
+a device's compute profile (`profile_model`: profile:<path>?k=<byte scale>)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import enum
 import torch
 from torch import nn
 
-from . import any_model, real_models
+from . import any_model, profile_model, real_models
 from .any_model import ModelSpec
+from .profile_model import ProfileModel, ProfileSpec
 from .real_models import RealModel
 
 
@@ -22,15 +24,16 @@ class ModelName(enum.StrEnum):
     MLP = "mlp"
 
 
-AnyModel = ModelName | RealModel | ModelSpec
+AnyModel = ModelName | RealModel | ModelSpec | ProfileSpec
 
 MODEL_CHOICES: list[ModelName | RealModel] = [*ModelName, *RealModel]
 
 
 def model_name(text: str) -> AnyModel:
-    """A built-in model's or a real architecture's name, or a user's model as
-    ``hf:<transformers model type>?key=value&...`` or ``tv:<torchvision model>?...``
-    (`model_argument` is this for argparse).
+    """A built-in model's or a real architecture's name, a user's model as
+    ``hf:<transformers model type>?key=value&...`` or ``tv:<torchvision model>?...``, or a
+    compute profile replayed as ``profile:<path>?k=<byte scale>`` (`model_argument` is this
+    for argparse).
 
     Args:
         text: the name or the spec.
@@ -39,9 +42,12 @@ def model_name(text: str) -> AnyModel:
         The model's name or spec.
 
     Raises:
-        ValueError: none of those, or a transformers config without a field it overrides.
+        ValueError: none of those, a transformers config without a field it overrides, or a
+            profile that cannot be read.
         ImportError: an ``hf:`` model without `transformers`.
     """
+    if text.startswith(profile_model.PROFILE_PREFIX):
+        return ProfileSpec.parse(text)
     if text.startswith((any_model.HF_PREFIX, any_model.TV_PREFIX)):
         spec = ModelSpec.parse(text)
         if spec.source == any_model.HF_PREFIX:
@@ -111,6 +117,8 @@ class SmallMLP(nn.Module):
 
 
 def build(name: AnyModel, seed: int = 0) -> nn.Module:
+    if isinstance(name, ProfileSpec):
+        return name.build(seed)
     if isinstance(name, ModelSpec):
         return any_model.build(name, seed)
     if isinstance(name, RealModel):
@@ -125,6 +133,8 @@ def build(name: AnyModel, seed: int = 0) -> nn.Module:
 
 def batch(name: AnyModel, batch_size: int, step: int,
           rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(name, ProfileSpec):
+        return profile_model.replay_batch(batch_size, step, rank)
     if isinstance(name, ModelSpec):
         return any_model.batch(name, batch_size, step, rank)
     if isinstance(name, RealModel):
@@ -141,6 +151,8 @@ def batch(name: AnyModel, batch_size: int, step: int,
 
 
 def loss_fn(name: AnyModel, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if isinstance(name, ProfileSpec):
+        return profile_model.replay_loss(output, target)
     if isinstance(name, ModelSpec):
         return any_model.loss_fn(name, output, target)
     if isinstance(name, RealModel):
@@ -148,3 +160,14 @@ def loss_fn(name: AnyModel, output: torch.Tensor, target: torch.Tensor) -> torch
     if name is ModelName.TRANSFORMER:
         return nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
     return nn.functional.cross_entropy(output, target)
+
+
+def optimizer_class(model: nn.Module,
+                    base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """The optimizer class a benchmark steps `model` with (unwrapped from DDP): `base`, or for a
+    replayed profile `base` sleeping the replayed device's update time."""
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if isinstance(inner, ProfileModel):
+        return profile_model.sleeping_optimizer(base, inner.profile.update_s,
+                                                sum(p.numel() for p in inner.parameters()))
+    return base
