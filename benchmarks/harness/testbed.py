@@ -37,7 +37,10 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import IO
 
+from commsched.bench.cpu_meter import CPU_BOUND, CpuMeter
+
 DEFAULT_PREFIX = "cstb"
+LOOPBACK_MTU = 65536
 
 
 class ClusterError(RuntimeError):
@@ -53,8 +56,8 @@ class LinkShape:
     delay: str = ""
     loss: str = ""
 
-    def commands(self, namespace: str, device: str) -> list[list[str]]:
-        """The tc commands that shape `device`'s egress in `namespace`."""
+    def commands(self, namespace: str, device: str, mtu: int) -> list[list[str]]:
+        """The tc commands that shape the egress of `device` (of `mtu`) in `namespace`."""
         tc = ["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", device]
         netem = [*(["delay", self.delay] if self.delay else []),
                  *(["loss", self.loss] if self.loss else [])]
@@ -66,7 +69,7 @@ class LinkShape:
             parent = ["parent", "1:1"]
         if self.rate:
             out.append([*tc, *parent, "handle", "10:", "tbf", "rate", self.rate,
-                        "burst", bucket(self.rate), "latency", "100ms"])
+                        "burst", bucket(self.rate, mtu), "latency", "100ms"])
         return out
 
 
@@ -83,10 +86,12 @@ def rate_bits(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: write it as tc does, e.g. 10gbit, 500mbit")
 
 
-def bucket(rate: str) -> str:
-    """The token bucket for `rate`: a millisecond of traffic, at least 128 KiB (a packet of the
-    largest MTU, loopback's 64 KiB, must fit: tbf drops any packet larger than its bucket)."""
-    return f"{max(int(rate_bits(rate) / 8 / 1000), 128 * 1024)}b"
+def bucket(rate: str, mtu: int) -> str:
+    """The token bucket for `rate` on a device of `mtu`: a millisecond of traffic, and at least
+    two packets (tbf drops any packet larger than its bucket). A larger bucket would let a burst
+    after an idle gap leave at memory speed (Note [The bucket's free burst] in
+    scripts/netem.sh)."""
+    return f"{max(int(rate_bits(rate) / 8 / 1000), 2 * mtu)}b"
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,9 @@ class ClusterPlan:
                     ["ip", "-n", sw, "link", "set", port, "up"],
                     ["ip", "-n", ns, "addr", "add", f"{self.address(h)}/24", "dev", "eth0"],
                     ["ip", "-n", ns, "link", "set", "eth0", "up"],
-                    *self.link.commands(ns, "eth0"), *self.link.commands(sw, port),
-                    *self.local.commands(ns, "lo")]
+                    *self.link.commands(ns, "eth0", self.mtu),
+                    *self.link.commands(sw, port, self.mtu),
+                    *self.local.commands(ns, "lo", LOOPBACK_MTU)]
         return out
 
     def teardown(self) -> list[list[str]]:
@@ -233,28 +239,6 @@ def _check_netem(namespace: str) -> None:
                            f"(sch_netem), which this kernel lacks ({done.stderr.strip()}); "
                            "shape the links by rate only (no --delay, no --loss)")
     subprocess.run(probe[:6] + ["del", "dev", "lo", "root"], capture_output=True, timeout=30)
-
-
-class CpuMeter:
-    """The fraction of time the machine's cores were busy, from /proc/stat."""
-
-    def __init__(self) -> None:
-        self._start = self._read()
-
-    @staticmethod
-    def _read() -> tuple[int, int]:
-        with open("/proc/stat", encoding="ascii") as handle:
-            fields = [int(v) for v in handle.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle, iowait
-        return sum(fields[:8]) - idle, sum(fields[:8])
-
-    def busy(self) -> float:
-        busy, total = self._read()
-        return (busy - self._start[0]) / max(total - self._start[1], 1)
-
-
-# A job that kept the cores busier than this was paced by the CPU, not by its links.
-CPU_BOUND = 0.90
 
 
 def sent_bytes(plan: ClusterPlan, device: str) -> list[int]:

@@ -41,11 +41,13 @@ from .compressed_candidates import (
     register_ddp_powersgd,
     split_compression,
 )
+from .cpu_meter import CPU_BOUND, CpuMeter
 from .models import (
     MODEL_CHOICES,
     AnyModel,
     batch,
     build,
+    ddp_bucket_kwargs,
     loss_fn,
     model_argument,
     optimizer_class,
@@ -122,7 +124,8 @@ def make_candidates(name: AnyModel, wanted: list[str], batch_size: int,
         elif label in ("torch-ddp", ZERO) or powersgd is not None:
             # Horovod does not synchronise buffers either; keep the comparison like for like.
             model = nn.parallel.DistributedDataParallel(model, **ddp_kwargs(sync_buffers=False),
-                                                        **ddp_powersgd_kwargs(powersgd))
+                                                        **ddp_powersgd_kwargs(powersgd),
+                                                        **ddp_bucket_kwargs(name))
             if powersgd is not None:
                 register_ddp_powersgd(model, powersgd)
             opt = (zero_redundancy if label == ZERO else make_optimizer)(optimizer, model)
@@ -169,18 +172,20 @@ def step_until_settled(optimizer: Any, step: Callable[[int], None], first: int) 
     return index
 
 
-def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> None:
+def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> float:
     """Steady-state step times. Each round ends with the candidate's pending work flushed (so
     the next candidate runs on a quiet network) and starts with one untimed step: that step has
     nothing in flight from before, so it pays for no earlier iteration's traffic. Every timed step
     then pays for exactly one earlier iteration, as in a long training run. Only end times are
-    recorded here; `iteration_times` turns them into step times."""
+    recorded here; `iteration_times` turns them into step times. Returns how busy the machine's
+    cores were during the timed rounds (CpuMeter)."""
     counter = warmup
     for cand in candidates:
         for i in range(warmup):
             cand.step(i)
         counter = max(counter, step_until_settled(cand.optimizer, cand.step, warmup))
         cand.finish()
+    meter = CpuMeter()
     for round_index in range(rounds):
         # A new order every round, the same on every rank (their collectives must pair up): a
         # slow phase of the machine must not fall on the same candidates round after round, nor
@@ -195,6 +200,7 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> No
                 counter += 1
             cand.ends.append(ends)
             cand.finish()
+    return meter.busy()
 
 
 def iteration_times(per_rank_ends: list[list[list[float]]]) -> list[float]:
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None, analysis: RunAnalysis | None = None,
     predict, profile_dir = analysis.keeps_profiles(args)
     candidates = make_candidates(args.model, wanted, args.batch_size, predict, profile_dir,
                                  args.optimizer)
-    run(candidates, args.warmup, args.rounds, args.steps)
+    cpu_busy = run(candidates, args.warmup, args.rounds, args.steps)
     rows = summarise(candidates, args.memory)
     bound = add_bound(rows, minimal_communication_ms(build(args.model)))
     notes = analysis.analyse(candidates, wanted, rows, bound, args)
@@ -398,10 +404,13 @@ def main(argv: list[str] | None = None, analysis: RunAnalysis | None = None,
         print(f"\n{args.model.value}, {world.size} ranks, batch {args.batch_size} per rank, "
               f"{rows[0]['samples']} timed steps per candidate\n")
         print(markdown_table(rows))
+        pace = " (the CPU set the pace)" if cpu_busy >= CPU_BOUND else ""
         print("\n" + bound_lines(bound) + notes, flush=True)
+        print(f"cores busy during the timed rounds: {cpu_busy:.0%}{pace}", flush=True)
         if args.out:
             meta = {"model": args.model.value, "world_size": world.size, "command": command,
                     "network": args.link_note, "commit": source_commit(),
+                    "cpu_busy_timed": cpu_busy,
                     "args": vars(args) | {"model": args.model.value}}
             write_outputs(args.out, rows, meta, bound, notes)
     commsched.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+from typing import Any
 
 import torch
 from torch import nn
@@ -171,3 +172,16 @@ def optimizer_class(model: nn.Module,
         return profile_model.sleeping_optimizer(base, inner.profile.update_s,
                                                 sum(p.numel() for p in inner.parameters()))
     return base
+
+
+# torch DDP's default bucket capacity (DistributedDataParallel's bucket_cap_mb).
+DDP_BUCKET_MB = 25
+
+
+def ddp_bucket_kwargs(name: AnyModel) -> dict[str, Any]:
+    """DistributedDataParallel's bucket arguments for `name`: its defaults, but a replayed
+    profile's gradients are k times smaller, so its buckets are too (the real model's buckets,
+    each scaled by k, in the real model's number)."""
+    if isinstance(name, ProfileSpec) and name.scale > 1:
+        return {"bucket_cap_mb": DDP_BUCKET_MB / name.scale}
+    return {}

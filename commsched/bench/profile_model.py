@@ -14,6 +14,15 @@ from the rank's batch: deterministic, and different on every rank, so the averag
 against torch DDP's. The optimizer's update sleeps its share of the profile's update time
 (`sleeping_optimizer`), also for the partial updates an overlap plan makes.
 
+Note [Time dilation]
+Many ranks sharing a few cores still spend host time per iteration (Python, autograd, the
+collectives' copies) that a GPU host's own cores would spend beside a device's milliseconds. A
+replay may therefore run d times slower than the device (`dilate=d`: every compute time d times
+as long) with every link d times slower too (the testbed's rate divided by d), which keeps the
+ratio of compute to communication, the quantity a schedule trades, while the host's share of
+each iteration shrinks d-fold. Per-message latency is the testbed's own, d times smaller against
+the dilated iteration than it would be against the real one. Reports state d with k.
+
 Profiles come from a device (`from_device_profile`, the profile a lent GPU wrote) or from a
 stated model (`flop_profile`): FLOPs per module counted by torch.utils.flop_counter on the real
 model at its full inputs, divided by a stated sustained rate (`GPU_RATES`); backward as twice
@@ -25,6 +34,7 @@ element-wise activations) get no time of their own.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import time
@@ -93,6 +103,13 @@ class ComputeProfile:
     @property
     def numel(self) -> int:
         return sum(math.prod(shape) for m in self.modules for _, shape in m.params)
+
+    def dilated(self, factor: float) -> ComputeProfile:
+        """Every time `factor` times as long (Note [Time dilation])."""
+        return dataclasses.replace(
+            self, modules=[dataclasses.replace(m, forward_s=m.forward_s * factor,
+                                               backward_s=m.backward_s * factor)
+                           for m in self.modules], update_s=self.update_s * factor)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -202,6 +219,11 @@ def _parent(name: str) -> str | None:
     return None if not name else name.rpartition(".")[0]
 
 
+# A shorter wait is not slept but left to the next one: a sleep costs the host a system call
+# and a wake-up, which many ranks sharing a few cores cannot afford per module.
+SHORTEST_SLEEP_S = 0.001
+
+
 class DeviceQueue:
     """The replayed device's time within a pass (Note [Replaying a device's compute])."""
 
@@ -213,8 +235,15 @@ class DeviceQueue:
         self._deadline = time.perf_counter()
 
     def run(self, seconds: float) -> None:
-        """Queues `seconds` of work and waits until the device has done it."""
+        """Queues `seconds` of work and waits until the device has done it (a wait shorter
+        than SHORTEST_SLEEP_S is left to the next call, or to `drain`)."""
         self._deadline += seconds
+        wait = self._deadline - time.perf_counter()
+        if wait >= SHORTEST_SLEEP_S:
+            time.sleep(wait)
+
+    def drain(self) -> None:
+        """The pass ends: waits for whatever the device has left."""
         wait = self._deadline - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
@@ -234,8 +263,9 @@ class _Replay(torch.autograd.Function):
         if unit.opens_backward:
             unit.queue.start()
         unit.queue.run(unit.cost.backward_s)
-        scale = grad.sum()
-        return (grad, None, *(pattern * scale for pattern in unit.patterns))
+        if unit.closes_backward:
+            unit.queue.drain()
+        return (grad, None, *torch._foreach_mul(unit.patterns, grad.sum()))
 
 
 class ReplayedModule(nn.Module):
@@ -246,13 +276,15 @@ class ReplayedModule(nn.Module):
         super().__init__()
         self.cost, self.queue = cost, queue
         self.opens_backward = False  # the last module's backward starts the pass
+        self.closes_backward = False  # ... and the first's ends it
         sizes = [max(1, math.ceil(math.prod(shape) / scale)) for _, shape in cost.params]
         self.weights = nn.ParameterList(
             nn.Parameter(torch.randn(n, generator=generator) * 0.02) for n in sizes)
         self.patterns = [torch.randn(n, generator=generator) for n in sizes]
+        self._params = tuple(self.weights)  # ParameterList's iteration costs a call per pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _Replay.apply(x, self, *self.weights)
+        out: torch.Tensor = _Replay.apply(x, self, *self._params)
         return out
 
 
@@ -292,28 +324,39 @@ class ProfileModel(nn.Module):
         costs = merged(profile.modules, units) if units else profile.modules
         units_ = [ReplayedModule(m, scale, self.queue, generator) for m in costs]
         if units_:
-            units_[-1].opens_backward = True
+            units_[-1].opens_backward = units_[0].closes_backward = True
         self.units = nn.ModuleList(units_)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.queue.start()
         for unit in self.units:
             x = unit(x)
+        self.queue.drain()
         return x
 
 
 def sleeping_optimizer(base: type[torch.optim.Optimizer], update_s: float,
                        numel: int) -> type[torch.optim.Optimizer]:
     """`base` whose step also sleeps `update_s` times the share of `numel` elements it steps:
-    the replayed device's update, whole or in an overlap plan's groups."""
+    the replayed device's update, whole or in an overlap plan's groups. A share shorter than
+    SHORTEST_SLEEP_S is slept with a later step's. Where `base` takes `foreach`, it steps every
+    tensor of a group in one call by default, as it does on a GPU."""
     per_element = update_s / max(numel, 1)
+    owed = [0.0]  # seconds of update not slept yet, by every instance of the class
+
+    def init(self: torch.optim.Optimizer, params: Any, *args: Any, **kwargs: Any) -> None:
+        if "foreach" in inspect.signature(base.__init__).parameters:
+            kwargs.setdefault("foreach", True)
+        base.__init__(self, params, *args, **kwargs)
 
     def step(self: torch.optim.Optimizer, closure: Callable[[], float] | None = None) -> Any:
-        elements = sum(p.numel() for group in self.param_groups for p in group["params"])
-        time.sleep(per_element * elements)
+        owed[0] += per_element * sum(p.numel() for g in self.param_groups for p in g["params"])
+        if owed[0] >= SHORTEST_SLEEP_S:
+            time.sleep(owed[0])
+            owed[0] = 0.0
         return base.step(self, closure)
 
-    return type(f"Replayed{base.__name__}", (base,), {"step": step})
+    return type(f"Replayed{base.__name__}", (base,), {"__init__": init, "step": step})
 
 
 def replay_batch(batch_size: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,27 +372,28 @@ def replay_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ProfileSpec:
-    """A replayed model named as ``profile:<path to a profile JSON>?k=<byte scale>&units=<n>``
-    (units: at most n replayed modules, `merged`)."""
+    """A replayed model named as ``profile:<path to a profile JSON>?k=<byte scale>&units=<n>&
+    dilate=<d>`` (units: at most n replayed modules, `merged`; d: Note [Time dilation])."""
 
     value: str  # the text it was parsed from, as reports name the model
     path: str
     scale: int  # the byte scale k
     units: int | None = None
+    dilation: int = 1
 
     @classmethod
     def parse(cls, text: str) -> ProfileSpec:
         """Reads a spec.
 
         Args:
-            text: ``profile:PATH``, optionally with ``?k=N&units=M``.
+            text: ``profile:PATH``, optionally with ``?k=N&units=M&dilate=D``.
 
         Returns:
             The spec.
 
         Raises:
-            ValueError: not such a spec, a knob other than k and units, one below 1, or a file
-                that is not a compute profile.
+            ValueError: not such a spec, a knob other than k, units and dilate, one below 1, or
+                a file that is not a compute profile.
         """
         if not text.startswith(PROFILE_PREFIX):
             raise ValueError(f"{text!r} is not {PROFILE_PREFIX}<path>?k=<byte scale>")
@@ -357,15 +401,17 @@ class ProfileSpec:
         knobs: dict[str, int] = {}
         for item in filter(None, query.split("&")):
             key, _, number = item.partition("=")
-            if key not in ("k", "units") or not number.isdigit() or int(number) < 1:
-                raise ValueError(f"{text!r}: the settings are k=<byte scale> and units=<replayed "
-                                 f"modules>, each an integer >= 1, not {item!r}")
+            if key not in ("k", "units", "dilate") or not number.isdigit() or int(number) < 1:
+                raise ValueError(f"{text!r}: the settings are k=<byte scale>, units=<replayed "
+                                 f"modules> and dilate=<time dilation>, each an integer >= 1, "
+                                 f"not {item!r}")
             knobs[key] = int(number)
         try:
             ComputeProfile.read(path)
         except OSError as err:
             raise ValueError(f"{text!r}: cannot read the profile: {err}") from None
-        return cls(text, path, knobs.get("k", 1), knobs.get("units"))
+        return cls(text, path, knobs.get("k", 1), knobs.get("units"), knobs.get("dilate", 1))
 
     def build(self, seed: int = 0) -> ProfileModel:
-        return ProfileModel(ComputeProfile.read(self.path), self.scale, seed, self.units)
+        profile = ComputeProfile.read(self.path).dilated(self.dilation)
+        return ProfileModel(profile, self.scale, seed, self.units)

@@ -136,9 +136,12 @@ def test_the_sleeping_optimizer_sleeps_its_share_of_the_update() -> None:
 def test_profile_specs_are_read_and_refused_clearly(tmp_path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps(_profile((0.001, 0.002)).to_json()))
-    spec = models.model_name(f"profile:{path}?k=4&units=2")
-    assert isinstance(spec, ProfileSpec) and (spec.scale, spec.units) == (4, 2)
-    assert isinstance(models.build(spec), ProfileModel)
+    spec = models.model_name(f"profile:{path}?k=4&units=2&dilate=3")
+    assert isinstance(spec, ProfileSpec) and (spec.scale, spec.units, spec.dilation) == (4, 2, 3)
+    built = models.build(spec)
+    assert isinstance(built, ProfileModel)
+    assert built.profile.forward_s == pytest.approx(0.003)
+    assert built.profile.update_s == pytest.approx(0.15)
     with pytest.raises(ValueError, match="k=<byte scale>"):
         ProfileSpec.parse(f"profile:{path}?k=0")
     with pytest.raises(ValueError, match="k=<byte scale>"):

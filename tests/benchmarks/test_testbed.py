@@ -13,17 +13,17 @@ def test_rates_and_buckets() -> None:
     assert rate_bits("2.5mbit") == 2.5e6
     with pytest.raises(ValueError, match="10gbit"):
         rate_bits("10G")
-    # A millisecond of traffic, and never less than the largest packet.
-    assert bucket("10gbit") == "1250000b"
-    assert bucket("100mbit") == f"{128 * 1024}b"
+    # A millisecond of traffic, and never less than two packets.
+    assert bucket("10gbit", 9000) == "1250000b"
+    assert bucket("100mbit", 9000) == "18000b"
 
 
 def test_a_link_is_netem_over_a_token_bucket() -> None:
-    assert LinkShape().commands("ns", "eth0") == []
-    assert LinkShape("1gbit").commands("ns", "eth0") == [
+    assert LinkShape().commands("ns", "eth0", 9000) == []
+    assert LinkShape("1gbit").commands("ns", "eth0", 9000) == [
         ["ip", "netns", "exec", "ns", "tc", "qdisc", "add", "dev", "eth0", "root", "handle",
-         "10:", "tbf", "rate", "1gbit", "burst", "131072b", "latency", "100ms"]]
-    shaped = LinkShape("1gbit", delay="50us", loss="1%").commands("ns", "eth0")
+         "10:", "tbf", "rate", "1gbit", "burst", "125000b", "latency", "100ms"]]
+    shaped = LinkShape("1gbit", delay="50us", loss="1%").commands("ns", "eth0", 9000)
     assert shaped[0][9:] == ["root", "handle", "1:", "netem", "delay", "50us", "loss", "1%",
                              "limit", "100000"]
     assert shaped[1][9:12] == ["parent", "1:1", "handle"]
