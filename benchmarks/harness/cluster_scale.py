@@ -96,6 +96,28 @@ def run_job(job: ScaleJob, args: argparse.Namespace) -> dict:
             "testbed": testbed}
 
 
+def read_job(job: ScaleJob, args: argparse.Namespace) -> dict:
+    """A job's entry from what it wrote ({} where it wrote nothing)."""
+    out = os.path.join(args.out, job.label)
+    try:
+        with open(os.path.join(out, "results.json"), encoding="utf-8") as handle:
+            results = json.load(handle)
+        with open(os.path.join(out, "testbed.json"), encoding="utf-8") as handle:
+            testbed = json.load(handle)
+    except OSError:
+        return {}
+    command = [sys.executable, "-m", "benchmarks.harness.testbed", "run",
+               *_testbed_args(testbed), "--", *testbed["job"]]
+    return {"job": job.label, "command": shlex.join(command), "results": results,
+            "testbed": testbed}
+
+
+def _testbed_args(testbed: dict) -> list[str]:
+    plan = testbed["plan"]
+    return ["--hosts", str(plan["hosts"]), "--ranks-per-host", str(plan["ranks_per_host"]),
+            "--rate", plan["link"]["rate"]]
+
+
 def summary_row(entry: dict) -> dict:
     """One job's line: DDP, the fastest policy, `auto`, the floor, the scaling factor."""
     rows = {r["name"]: r for r in entry["results"]["rows"]}
@@ -174,9 +196,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default="benchmarks/cluster")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the summary from the jobs' folders, running nothing")
     args = parser.parse_args()
-    entries = [run_job(job, args) for job in parse_jobs(args.jobs)]
-    write_report(entries, args)
+    run = read_job if args.report_only else run_job
+    entries = [run(job, args) for job in parse_jobs(args.jobs)]
+    write_report([e for e in entries if e], args)
 
 
 if __name__ == "__main__":
