@@ -18,6 +18,7 @@ from commsched.bench.profile_model import (
     ModuleCost,
     ProfileModel,
     ProfileSpec,
+    ReplayedModule,
     flop_profile,
     merged,
     replay_batch,
@@ -99,6 +100,7 @@ def test_replayed_gradients_are_patterns_times_the_output_gradient_in_backward_o
     replay_loss(model(x), y).backward()
     scale = float(y.sum() / y.numel())
     for unit, p in zip(model.units, model.parameters(), strict=True):
+        assert isinstance(unit, ReplayedModule) and p.grad is not None
         assert torch.allclose(p.grad, unit.patterns[0] * scale)
     # Backward runs the last module first, each after its 20 ms.
     assert ready[2] < ready[1] < ready[0]
@@ -124,7 +126,7 @@ def test_the_sleeping_optimizer_sleeps_its_share_of_the_update() -> None:
     cls = sleeping_optimizer(torch.optim.SGD, 0.2, sum(p.numel() for p in params))
     for p in params:
         p.grad = torch.ones_like(p)
-    half = cls(params[:1], lr=0.1)
+    half = cls(params[:1], lr=0.1)  # type: ignore[call-arg]
     started = time.perf_counter()
     half.step()
     assert time.perf_counter() - started == pytest.approx(0.1, abs=0.04)
