@@ -24,10 +24,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+from commsched.bench.candidate import LOCAL
 from commsched.config import DEAR_BUFFER_BYTES, HOROVOD_FUSION_BYTES, MiB
 
 PROFILES = "benchmarks/cluster/profiles"
-LOCAL = "local (no comm)"
 POLICIES = ("horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear", "auto")
 
 
@@ -141,6 +141,7 @@ def summary_row(entry: dict) -> dict:
 
 def write_report(entries: list[dict], args: argparse.Namespace) -> None:
     rows = [summary_row(e) for e in entries if "results" in e]
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as handle:
         json.dump({"k": args.k, "dilation": args.dilate, "units": args.units, "rows": rows,
                    "failed": [e for e in entries if "results" not in e],
