@@ -52,8 +52,8 @@ PYEOF
 fi
 
 step "python dependencies"
-if ! "$PY" -c "import numpy, yaml, pytest, hypothesis, matplotlib, ruff, psutil, sklearn" 2>/dev/null; then
-  "${PIP[@]}" install numpy pyyaml pytest pytest-timeout hypothesis matplotlib ruff mypy psutil cloudpickle scikit-learn
+if ! "$PY" -c "import numpy, yaml, pytest, xdist, hypothesis, matplotlib, ruff, psutil, sklearn" 2>/dev/null; then
+  "${PIP[@]}" install numpy pyyaml pytest pytest-timeout pytest-xdist hypothesis matplotlib ruff mypy psutil cloudpickle scikit-learn
 fi
 
 step "examples and lightning extras (transformers, lightning)"

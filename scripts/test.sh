@@ -33,8 +33,14 @@ echo "== test: pytest" >&2
 # that prefix holds the bytecode of every module imported, so on a fresh clone the suite's
 # processes compiled torch and the rest of .venv again instead of reading what pip wrote.
 unset PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX
+# Two pytest workers, each taking whole test files (so a module's shared job runs once): the
+# suite's jobs leave the cores idle about a third of the time (a launcher starting, a rank
+# sleeping out a timeout, a survivor waiting to name a dead peer), and a second file fills it.
+# COMMSCHED_TEST_WORKERS=0 runs the suite in one process.
+WORKERS="${COMMSCHED_TEST_WORKERS:-2}"
 set +e
-OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
+OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --durations=15 \
+  -n "$WORKERS" --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -192,8 +192,10 @@ def test_a_pause_at_flush_is_not_counted_as_compute(policy: str) -> None:
 class SlowSGD(torch.optim.SGD):
     """SGD whose every call costs 30 ms more: an update that dwarfs the tiny model's forward."""
 
+    SLEEP_S = 0.03
+
     def step(self, closure=None):  # type: ignore[no-untyped-def, override]
-        time.sleep(0.03)
+        time.sleep(self.SLEEP_S)
         return super().step(closure)
 
 
@@ -208,8 +210,10 @@ def test_the_profile_does_not_count_deferred_updates_as_forward_compute() -> Non
     _train(model, opt, 8)
     assert opt.session.mode.defers_updates
     compute = opt.session.engine.profiler.compute_samples
-    assert min(compute["step_s"][-4:]) >= 0.03  # the deferred updates are counted, once
-    assert max(compute["before_first_ready_s"][-4:]) < 0.02
+    # The deferred updates are counted, once; a forward that took them in would be over the
+    # sleep in every sample, so the median is compared (the other worker may hold the cores).
+    assert min(compute["step_s"][-4:]) >= SlowSGD.SLEEP_S
+    assert sorted(compute["before_first_ready_s"][-4:])[2] < SlowSGD.SLEEP_S
     opt.session.close()
 
 
@@ -231,9 +235,11 @@ def test_module_times_come_from_sampled_forward_passes_without_the_runners_own_w
     _train(model, opt, steps)
     recorded = runner.modules.times[""][before:]
     assert abs(len(recorded) - steps // SAMPLE_EVERY) <= 1
-    assert max(recorded) < 0.02
+    # Had the update been counted, every time would be over its 30 ms sleep. The median, and a
+    # bound at the sleep itself: the suite's other worker may hold the cores during a forward.
+    assert sorted(recorded)[len(recorded) // 2] < SlowSGD.SLEEP_S, recorded
     rows = {m["name"]: m for m in opt.session.profile_document()["modules"]}
-    assert 0 < rows[""]["forward_time_s"] < 0.02
+    assert 0 < rows[""]["forward_time_s"] < SlowSGD.SLEEP_S
     opt.session.close()
 
 
