@@ -411,6 +411,78 @@ REAL = Job("real", "ResNet-50, VGG-16, BERT-base and GPT-2 at full size on a sha
                                    "VGG16_RATE", "BERT_RATE", "ROUNDS"))
 
 
+# -- zoo -----------------------------------------------------------------------------------------
+
+# Every policy at its defaults, as a user who names one gets it: the zoo asks which policy loses
+# on a model nobody tuned for, not how fast a tuned one can be.
+ZOO_CANDIDATES = ("local (no comm),hvd,torch-ddp,commsched:horovod,commsched:ddp,"
+                  "commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,commsched:dear,"
+                  "commsched:auto")
+# Per architecture: what it is, its spec (commsched.bench.any_model) and the rate of the link at
+# which hvd waits about half its iteration on 2 ranks at batch 4 (a short run of `local (no
+# comm)` and hvd at 1 Gbit/s set each: hvd waited 43-76% there).
+ZOO_MODELS: dict[str, tuple[str, str, str]] = {
+    "gpt2": ("decoder, tied head", "hf:gpt2?n_layer=4&n_embd=256&n_head=4&vocab_size=8192",
+             "1.2gbit"),
+    "opt": ("decoder, tied head, learned positions",
+            "hf:opt?num_hidden_layers=4&hidden_size=256&ffn_dim=1024&num_attention_heads=4"
+            "&word_embed_proj_dim=256&vocab_size=8192", "1.2gbit"),
+    "llama": ("decoder, untied head, grouped-query attention",
+              "hf:llama?num_hidden_layers=4&hidden_size=256&intermediate_size=688"
+              "&num_attention_heads=4&num_key_value_heads=2&vocab_size=8192", "1.6gbit"),
+    "mixtral": ("decoder with mixture-of-experts layers (4 experts, 2 per token)",
+                "hf:mixtral?num_hidden_layers=2&hidden_size=256&intermediate_size=512"
+                "&num_attention_heads=4&num_key_value_heads=2&num_local_experts=4"
+                "&num_experts_per_tok=2&vocab_size=8192", "2.5gbit"),
+    "t5": ("encoder-decoder, relative positions",
+           "hf:t5?num_layers=3&d_model=256&d_ff=1024&num_heads=4&d_kv=64&vocab_size=8192",
+           "1gbit"),
+    "bart": ("encoder-decoder, one embedding shared by encoder, decoder and head",
+             "hf:bart?encoder_layers=3&decoder_layers=3&d_model=256&encoder_ffn_dim=1024"
+             "&decoder_ffn_dim=1024&encoder_attention_heads=4&decoder_attention_heads=4"
+             "&vocab_size=8192", "1gbit"),
+    "vit": ("vision transformer, 64x64 images in 8x8 patches",
+            "hf:vit?num_hidden_layers=6&hidden_size=256&intermediate_size=1024"
+            "&num_attention_heads=4&image_size=64&patch_size=8", "1gbit"),
+    "mobilenet_v2": ("CNN of many small layers (depthwise convolutions)",
+                     "hf:mobilenet_v2?image_size=96", "600mbit"),
+}
+ZOO_BATCH = 4
+
+
+def _zoo_models(knobs: Knobs) -> list[str]:
+    names = knobs["MODELS"].split()
+    unknown = [name for name in names if name not in ZOO_MODELS]
+    if unknown:
+        raise JobError(f"no zoo architecture {', '.join(map(repr, unknown))} "
+                       f"({', '.join(ZOO_MODELS)})")
+    return names
+
+
+def _zoo_rate_knob(name: str) -> str:
+    return f"RATE_{name.upper()}"
+
+
+def _zoo_runs(knobs: Knobs) -> list[Launch]:
+    runs = [] if knobs["REPORT_ONLY"] == "1" else [
+        compare_run(ZOO_MODELS[name][1], ZOO_BATCH, knobs, name, ZOO_CANDIDATES,
+                    rate=knobs[_zoo_rate_knob(name)], rounds=int(knobs["ROUNDS"]), steps=4,
+                    warmup=8)
+        for name in _zoo_models(knobs)]
+    return runs + [Launch(("-m", "benchmarks.harness.zoo_report", knobs["OUT"], "--command",
+                           ZOO.command_line(knobs)))]
+
+
+ZOO = Job("zoo", "eight architectures nobody tuned for, from transformers configs, 2 ranks on "
+          "a link where hvd waits about half its iteration: every policy at its defaults "
+          "against hvd and DDP, with the floor",
+          {"OUT": "benchmarks/zoo", "MODELS": " ".join(ZOO_MODELS), "ROUNDS": "4",
+           "REPORT_ONLY": "0",
+           **{_zoo_rate_knob(name): rate for name, (_, _, rate) in ZOO_MODELS.items()}},
+          _zoo_runs, knob_names=("MODELS", "ROUNDS",
+                                 *(_zoo_rate_knob(name) for name in ZOO_MODELS)))
+
+
 # -- collectives ---------------------------------------------------------------------------------
 
 def _collectives_note(knobs: Knobs) -> str:
@@ -672,4 +744,4 @@ SIM = Job("sim", "the simulator's predictions against measured medians: every po
 
 JOBS: dict[str, Job] = {job.name: job for job in (
     UNSHAPED, OVERLAP, COMPRESSION_SPEED, KFAC_SPEED, KFAC_CONVERGENCE, COMPRESSION_CONVERGENCE,
-    COMPILE, OVERHEAD, REAL, COLLECTIVES, SHARD, SCALE, SIM)}
+    COMPILE, OVERHEAD, REAL, ZOO, COLLECTIVES, SHARD, SCALE, SIM)}
