@@ -355,6 +355,32 @@ OVERHEAD = Job("overhead", "a world of one: every policy and auto beside the pla
                _overhead_runs)
 
 
+# -- replay_overhead -----------------------------------------------------------------------------
+
+# In a world of one a policy steps as the plain optimizer once settled; with its engine kept it
+# pays what it pays beside peers (Note [The engine kept] in overhead_report.py).
+REPLAY_CANDIDATES = ",".join(f"{policy} (engine kept)" for policy in (
+    "horovod", "ddp", "mgwfbp", "bytescheduler", "prophet", "dear")) + ",auto"
+
+
+def _replay_overhead_runs(knobs: Knobs) -> list[Launch]:
+    models = ",".join(f"profile:benchmarks/cluster/profiles/{name}.json?k={knobs['K']}"
+                      for name in knobs["MODELS"].split())
+    return [Launch(("-m", "benchmarks.harness.overhead", "--device", "cpu", "--models", models,
+                    "--optimizer", "sgd", "--policies", REPLAY_CANDIDATES, "--instances",
+                    knobs["INSTANCES"], "--rounds", knobs["ROUNDS"], "--warmup",
+                    knobs["WARMUP"], "--out", knobs["OUT"]),
+                   env=(("OVERHEAD_COMMAND", REPLAY_OVERHEAD.command_line(knobs)),))]
+
+
+REPLAY_OVERHEAD = Job(
+    "replay_overhead", "a world of one replaying ResNet-50, BERT and GPT-2 at a GPU's pace "
+    "(the testbed's profiles): every policy, its engine kept, beside the plain optimizer",
+    {"OUT": "benchmarks/cluster/overhead", "MODELS": "resnet50 bert gpt2", "K": "256",
+     "INSTANCES": "2", "ROUNDS": "10", "WARMUP": "110"}, _replay_overhead_runs,
+    knob_names=("MODELS", "K"))
+
+
 # -- real ----------------------------------------------------------------------------------------
 
 REAL_SYNC = "commsched:horovod,commsched:mgwfbp"
@@ -744,4 +770,4 @@ SIM = Job("sim", "the simulator's predictions against measured medians: every po
 
 JOBS: dict[str, Job] = {job.name: job for job in (
     UNSHAPED, OVERLAP, COMPRESSION_SPEED, KFAC_SPEED, KFAC_CONVERGENCE, COMPRESSION_CONVERGENCE,
-    COMPILE, OVERHEAD, REAL, ZOO, COLLECTIVES, SHARD, SCALE, SIM)}
+    COMPILE, OVERHEAD, REPLAY_OVERHEAD, REAL, ZOO, COLLECTIVES, SHARD, SCALE, SIM)}

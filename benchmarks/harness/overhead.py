@@ -27,6 +27,8 @@ from torch import nn
 
 import commsched
 from commsched.bench.compare import MAX_SETTLING_STEPS, step_until_settled, typed_command
+from commsched.bench.models import optimizer_class
+from commsched.bench.profile_model import PROFILE_PREFIX
 from commsched.outputs import OutputPathError, prepare_dir
 
 from .allocator import keep_freed_memory, page_faults
@@ -66,9 +68,12 @@ class Candidate:
 
 
 def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
+    # A replayed profile's optimizer also sleeps the device's update (models.optimizer_class).
     if kind == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+        sgd: Any = optimizer_class(model, torch.optim.SGD)  # takes SGD's arguments
+        return sgd(model.parameters(), lr=0.01, momentum=0.9)
+    adamw: Any = optimizer_class(model, torch.optim.AdamW)
+    return adamw(model.parameters(), lr=1e-4)
 
 
 def make_candidates(work: Workload, optimizer: str, policies: list[str],
@@ -330,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--models", default="",
                         help="comma-separated (default: mlp,cnn,transformer; on cuda gpt2 "
-                             "first); gpt2_layout: GPT-2's tensors at width 32 (host-bound)")
+                             "first); gpt2_layout: GPT-2's tensors at width 32 (host-bound); "
+                             "profile:PATH?k=...: a device's compute replayed")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     parser.add_argument("--policies", default=",".join(CANDIDATES),
                         help=f"comma-separated; a policy followed by '{KEPT}' never steps as "
@@ -380,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     # machine's minutes may run out before the built-in models are done.
     default = ([GPT2] if args.device == "cuda" else []) + ["mlp", "cnn", "transformer"]
     models = [m.strip() for m in args.models.split(",") if m.strip()] or default
-    if set(models) - set(MODELS):
-        parser.error(f"--models {args.models}: choose from {', '.join(MODELS)}")
+    if {m for m in models if not m.startswith(PROFILE_PREFIX)} - set(MODELS):
+        parser.error(f"--models {args.models}: choose from {', '.join(MODELS)}, or a replayed "
+                     f"profile ({PROFILE_PREFIX}PATH?k=...)")
     command = typed_command("benchmarks.harness.overhead", argv)
     # Before any tensor: see Note [Page faults are the heap's, not the candidate's].
     allocator = keep_freed_memory() or "the C library's malloc as it came (no mallopt)"

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from commsched.bench.models import ModelName, batch, build, loss_fn
+from commsched.bench.models import ModelName, batch, build, loss_fn, model_name
+from commsched.bench.profile_model import PROFILE_PREFIX, ProfileSpec
 
 from . import gpt2_layout
 from .overhead_report import GPT2, GPT2_LAYOUT
@@ -70,6 +71,22 @@ def layout_of_gpt2(device: torch.device, batch_size: int) -> Workload:
                     lambda loss, tokens: loss)
 
 
+def replayed(text: str, device: torch.device, batch_size: int) -> Workload:
+    """A device's compute replayed from a profile (`profile:PATH?k=...`): the model's tensors
+    and module order with sleeps in place of its math, stepped by an optimizer that sleeps the
+    device's update (Note [Replaying a device's compute]). A world of one at the device's pace
+    shows what commsched's own work adds where compute takes milliseconds, not seconds."""
+    spec = model_name(text)
+    if not isinstance(spec, ProfileSpec):
+        raise ValueError(f"{text!r} is no replayed profile ({PROFILE_PREFIX}PATH?k=...)")
+
+    def make_batch(step: int) -> tuple[Any, Any]:
+        x, y = batch(spec, batch_size, step, rank=0)
+        return x.to(device), y.to(device)
+    return Workload(text, lambda: build(spec).to(device), make_batch,
+                    lambda out, y: loss_fn(spec, out, y))
+
+
 MODELS = (GPT2, GPT2_LAYOUT, *(name.value for name in ModelName))  # the built-in ones only
 
 
@@ -77,6 +94,8 @@ def workload(name: str, device: torch.device, batch_size: int = 0) -> Workload |
     """The named model's workload (`batch_size` 0: 16 per step, the Transformer 8, GPT-2's
     layout 1 x 64 tokens; GPT-2 always 8 x 512), or None for GPT-2 where `transformers` is not
     importable."""
+    if name.startswith(PROFILE_PREFIX):
+        return replayed(name, device, batch_size or 1)
     if name == GPT2_LAYOUT:
         return layout_of_gpt2(device, batch_size or 1)
     if name == GPT2:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cpu_meter import CpuTally
+
 LOCAL = "local (no comm)"
 
 # Note [A control candidate]
@@ -39,3 +41,5 @@ class Candidate:
     model: Any = None
     # Per round: when each step ended (perf_counter), the untimed first step included.
     ends: list[list[float]] = field(default_factory=list)
+    # How busy the machine's cores were during this candidate's timed steps, over its rounds.
+    cpu: CpuTally = field(default_factory=CpuTally)

@@ -194,10 +194,12 @@ def run(candidates: list[Candidate], warmup: int, rounds: int, steps: int) -> fl
             cand.step(counter)
             ends = [time.perf_counter()]
             counter += 1
+            cand.cpu.start()
             for _ in range(steps):
                 cand.step(counter)
                 ends.append(time.perf_counter())
                 counter += 1
+            cand.cpu.stop()
             cand.ends.append(ends)
             cand.finish()
     return meter.busy()
@@ -257,7 +259,10 @@ def timing_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
         by_round = [iteration_times([[ends[r]] for ends in per_rank])
                     for r in range(len(cand.ends))]
         slowest = [t for times in by_round for t in times]
+        # Every rank read the same machine's cores over nearly the same stretches.
+        busy = [b for b in world.all_gather_object(cand.cpu.fraction()) if b is not None]
         rows.append({"name": cand.name, "median_ms": 1e3 * statistics.median(slowest),
+                     "cpu_busy": statistics.median(busy) if busy else None,
                      "p10_ms": 1e3 * _quantile(slowest, 0.1),
                      "p90_ms": 1e3 * _quantile(slowest, 0.9), "samples": len(slowest),
                      "round_medians_ms": [1e3 * statistics.median(t) for t in by_round if t]})

@@ -7,20 +7,24 @@ from __future__ import annotations
 import json
 import os
 
+from .cpu_meter import CPU_BOUND
+
 
 def markdown_table(rows: list[dict]) -> str:
     predicted = any("predicted_ms" in r for r in rows)
     floor = any("vs_floor" in r for r in rows)
     wire = any("payload_bytes" in r for r in rows)
     memory = any("state_bytes" in r for r in rows)
+    cpu = any(r.get("cpu_busy") is not None for r in rows)
     extra = (" vs floor |" if floor else "") + (" predicted ms | error |" if predicted else "") \
         + (" payload MB/iter | sent MB/iter |" if wire else "") \
-        + (" optimizer state MB (fullest rank) |" if memory else "")
+        + (" optimizer state MB (fullest rank) |" if memory else "") \
+        + (" cores busy |" if cpu else "")
     lines = ["| candidate | median ms | p10 ms | p90 ms | vs hvd | vs torch-ddp | vs bound |"
              + extra,
              "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if floor else "")
              + ("---:|---:|" if predicted else "") + ("---:|---:|" if wire else "")
-             + ("---:|" if memory else "")]
+             + ("---:|" if memory else "") + ("---:|" if cpu else "")]
     for r in rows:
         line = (f"| {r['name']} | {r['median_ms']:.1f} | {r['p10_ms']:.1f} | {r['p90_ms']:.1f} "
                 f"| {ratio_cell(r['vs_hvd'])} | {ratio_cell(r['vs_torch-ddp'])} "
@@ -35,6 +39,10 @@ def markdown_table(rows: list[dict]) -> str:
             line += "".join(f" {_megabytes(r.get(k))} |" for k in ("payload_bytes", "sent_bytes"))
         if memory:
             line += f" {_megabytes(r.get('state_bytes'))} |"
+        if cpu:
+            busy = r.get("cpu_busy")
+            line += (" - |" if busy is None else
+                     f" {busy:.0%}{' (CPU-bound)' if busy >= CPU_BOUND else ''} |")
         lines.append(line)
     return "\n".join(lines)
 

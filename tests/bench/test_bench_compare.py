@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from commsched.bench.compare import iteration_times, parse_candidate
@@ -328,6 +330,9 @@ def test_predict_simulates_every_commsched_candidate_without_a_profile_folder(tm
     rows = {row["name"]: row for row in report["rows"]}
     assert rows["commsched:horovod"]["predicted_ms"] > 0
     assert rows["local (no comm)"].get("predicted_ms") is None
+    # Each candidate's own share of busy cores, over its timed steps only; none where those
+    # took less than one tick of /proc/stat's clock (these take about a millisecond).
+    assert all(row["cpu_busy"] is None or 0 <= row["cpu_busy"] <= 1 for row in rows.values())
     assert "--predict " in report["meta"]["command"]
     assert list(out.iterdir()) and not any(p.name.startswith("candidate") for p in out.iterdir())
 
@@ -357,3 +362,21 @@ def test_predict_dir_keeps_what_each_prediction_was_made_from(tmp_path) -> None:
     again = predict_ms(saved["profile"], plan_from_dict(saved["plan"]), Policy(saved["policy"]),
                        None, shapes, saved["allreduce_all_ms"])
     assert again == pytest.approx(predicted["commsched:mgwfbp"], rel=1e-9)
+
+
+def test_a_cpu_tally_adds_up_only_the_stretches_it_measured() -> None:
+    from commsched.bench.cpu_meter import CpuTally
+
+    tally = CpuTally()
+    assert tally.fraction() is None
+    with pytest.raises(RuntimeError, match="without start"):
+        tally.stop()
+    for _ in range(2):
+        tally.start()
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:  # this process keeps a core busy
+            pass
+        tally.stop()
+    busy = tally.fraction()
+    assert busy is not None and 0 < busy <= 1
+    assert tally.total > 0

@@ -325,3 +325,29 @@ def test_a_run_cut_short_between_builds_keeps_the_builds_it_finished(
     assert "Only 1 of 2 builds of the candidates measured so far." in readme
     assert "2 builds of every candidate, each run for 2 rounds of at least 1 steps" in readme
     assert not (out / "results.json.partial").exists()
+
+
+def test_a_replayed_profile_runs_beside_the_plain_optimizer_at_the_device_pace(
+        tmp_path: pathlib.Path) -> None:
+    """A world of one replaying a device's compute: each candidate's optimizer sleeps the
+    replayed update, and a step takes the profile's forward, backward and update at least."""
+    from commsched.bench.profile_model import ComputeProfile, ModuleCost
+
+    profile = ComputeProfile("toy", "stated for the test", 2, [
+        ModuleCost(f"m{i}", [(f"m{i}.weight", [64, 64])], 0.002, 0.004) for i in range(3)],
+        update_s=0.003)
+    path = tmp_path / "toy.json"
+    path.write_text(json.dumps(profile.to_json()))
+    out = tmp_path / "report"
+    try:
+        assert overhead.main(["--models", f"profile:{path}?k=4", "--optimizer", "sgd",
+                              "--policies", "horovod,dear", "--warmup", "12", "--rounds", "2",
+                              "--steps", "3", "--round-ms", "1", "--out", str(out)]) == 0
+    finally:
+        commsched.shutdown()
+    result = json.loads((out / "results.json").read_text(encoding="utf-8"))["results"][0]
+    assert result["model"] == f"profile:{path}?k=4"
+    rows = {row["candidate"]: row for row in result["rows"]}
+    assert set(rows) >= {"horovod", "dear"}
+    floor_ms = 1000 * (3 * (0.002 + 0.004) + 0.003)
+    assert all(row["best_median_ms"] >= floor_ms for row in rows.values()), rows
