@@ -1,5 +1,6 @@
 """Rank 1 fails at step 4 and the other rank must fail with an error naming it, so that the
-launcher exits non-zero. Usage: dead_rank_job.py POLICY [dead|stuck]
+launcher exits non-zero. Usage: dead_rank_job.py POLICY [dead|stuck] [TAG]; TAG, unread, names
+the test that started the job on its command line (launch.run_tag).
 
 * dead: rank 1 dies abruptly (os._exit(3)) in the backward pass of step 4;
 * stuck: rank 1 stays alive (heartbeats beating) after the backward pass of step 4 and never

@@ -46,6 +46,20 @@ def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
     return run_command(args, timeout, REPO, full_env, expect_ok)
 
 
+def run_tag() -> str:
+    """A word for a job's command line that names this pytest process: what a test then finds
+    still running with it is its own job's, not a job of the suite's other worker that runs the
+    same script (tests/README.md, Two workers)."""
+    return f"pytest-{os.getpid()}"
+
+
+def left_running(script: str, tag: str) -> list[str]:
+    """The processes still running `script` with `tag` among their arguments (pgrep -af)."""
+    out = subprocess.run(["pgrep", "-af", script], capture_output=True, text=True,
+                         check=False).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line and tag in line.split()]
+
+
 def horovodrun(np: int, script: str, *script_args: str, timeout: float = 300,
                env: dict[str, str] | None = None,
                expect_ok: bool = True) -> subprocess.CompletedProcess:

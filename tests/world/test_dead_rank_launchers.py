@@ -6,11 +6,10 @@ dead rank too: tests/world/test_faults_dist.py, where nothing kills the survivor
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
-from launch import JOBS, horovodrun, torchrun
+from launch import JOBS, horovodrun, left_running, run_tag, torchrun
 
 pytestmark = pytest.mark.launcher
 
@@ -18,15 +17,14 @@ JOB = os.path.join(JOBS, "dead_rank_job.py")
 
 
 def _leftovers() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", JOB], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    return left_running(JOB, run_tag())
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
 def test_dead_rank_fails_the_job_cleanly(launcher: str) -> None:
     run = horovodrun if launcher == "horovodrun" else torchrun
     started = time.monotonic()
-    result = run(2, JOB, "bytescheduler", timeout=120, expect_ok=False)
+    result = run(2, JOB, "bytescheduler", "dead", run_tag(), timeout=120, expect_ok=False)
     assert result.returncode != 0, result.stdout[-3000:]
     named = "Process 1 exit with status code 3" if launcher == "horovodrun" else "exitcode  : 3"
     assert named in result.stdout or "rank 1's process (pid " in result.stdout, \

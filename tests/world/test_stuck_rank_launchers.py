@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from dead_rank_job import STUCK_TIMEOUT as TIMEOUT
-from launch import JOBS, horovodrun, torchrun
+from launch import JOBS, horovodrun, left_running, run_tag, torchrun
 
 pytestmark = pytest.mark.launcher
 
@@ -21,8 +21,7 @@ START_UP = 40.0  # the launcher, torch imports and rendezvous on a loaded 2-core
 
 
 def _leftovers() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", JOB], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    return left_running(JOB, run_tag())
 
 
 CASES = [("horovodrun", "horovod"), ("torchrun", "bytescheduler")]
@@ -37,7 +36,8 @@ def stuck_jobs() -> dict[tuple[str, str], Future[tuple[float, subprocess.Complet
         launcher, policy = case
         run = horovodrun if launcher == "horovodrun" else torchrun
         started = time.monotonic()
-        result = run(2, JOB, policy, "stuck", timeout=START_UP + TIMEOUT + 60, expect_ok=False)
+        result = run(2, JOB, policy, "stuck", run_tag(), timeout=START_UP + TIMEOUT + 60,
+                     expect_ok=False)
         return time.monotonic() - started, result
 
     with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
