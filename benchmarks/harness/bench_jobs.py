@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 Knobs = Mapping[str, str]
 
@@ -444,34 +445,50 @@ REAL = Job("real", "ResNet-50, VGG-16, BERT-base and GPT-2 at full size on a sha
 ZOO_CANDIDATES = ("local (no comm),hvd,torch-ddp,commsched:horovod,commsched:ddp,"
                   "commsched:mgwfbp,commsched:bytescheduler,commsched:prophet,commsched:dear,"
                   "commsched:auto")
-# Per architecture: what it is, its spec (commsched.bench.any_model) and the rate of the link at
-# which hvd waits about half its iteration on 2 ranks at batch 4 (a short run of `local (no
-# comm)` and hvd at 1 Gbit/s set each: hvd waited 43-76% there).
-ZOO_MODELS: dict[str, tuple[str, str, str]] = {
-    "gpt2": ("decoder, tied head", "hf:gpt2?n_layer=4&n_embd=256&n_head=4&vocab_size=8192",
-             "1.2gbit"),
-    "opt": ("decoder, tied head, learned positions",
-            "hf:opt?num_hidden_layers=4&hidden_size=256&ffn_dim=1024&num_attention_heads=4"
-            "&word_embed_proj_dim=256&vocab_size=8192", "1.2gbit"),
-    "llama": ("decoder, untied head, grouped-query attention",
-              "hf:llama?num_hidden_layers=4&hidden_size=256&intermediate_size=688"
-              "&num_attention_heads=4&num_key_value_heads=2&vocab_size=8192", "1.6gbit"),
-    "mixtral": ("decoder with mixture-of-experts layers (4 experts, 2 per token)",
-                "hf:mixtral?num_hidden_layers=2&hidden_size=256&intermediate_size=512"
-                "&num_attention_heads=4&num_key_value_heads=2&num_local_experts=4"
-                "&num_experts_per_tok=2&vocab_size=8192", "2.5gbit"),
-    "t5": ("encoder-decoder, relative positions",
-           "hf:t5?num_layers=3&d_model=256&d_ff=1024&num_heads=4&d_kv=64&vocab_size=8192",
-           "1gbit"),
-    "bart": ("encoder-decoder, one embedding shared by encoder, decoder and head",
-             "hf:bart?encoder_layers=3&decoder_layers=3&d_model=256&encoder_ffn_dim=1024"
-             "&decoder_ffn_dim=1024&encoder_attention_heads=4&decoder_attention_heads=4"
-             "&vocab_size=8192", "1gbit"),
-    "vit": ("vision transformer, 64x64 images in 8x8 patches",
-            "hf:vit?num_hidden_layers=6&hidden_size=256&intermediate_size=1024"
-            "&num_attention_heads=4&image_size=64&patch_size=8", "1gbit"),
-    "mobilenet_v2": ("CNN of many small layers (depthwise convolutions)",
-                     "hf:mobilenet_v2?image_size=96", "600mbit"),
+
+
+class ZooArchitecture(NamedTuple):
+    """One architecture of the zoo."""
+
+    kind: str  # what it is, for the report
+    spec: str  # as `compare --model` takes it (commsched.bench.any_model)
+    # The link at which hvd waits about half its iteration on 2 ranks at ZOO_BATCH (a short run
+    # of `local (no comm)` and hvd at 1 Gbit/s set each: hvd waited 43-76% there).
+    rate: str
+
+
+ZOO_MODELS: dict[str, ZooArchitecture] = {
+    "gpt2": ZooArchitecture(
+        "decoder, tied head", "hf:gpt2?n_layer=4&n_embd=256&n_head=4&vocab_size=8192",
+        "1.2gbit"),
+    "opt": ZooArchitecture(
+        "decoder, tied head, learned positions",
+        "hf:opt?num_hidden_layers=4&hidden_size=256&ffn_dim=1024&num_attention_heads=4"
+        "&word_embed_proj_dim=256&vocab_size=8192", "1.2gbit"),
+    "llama": ZooArchitecture(
+        "decoder, untied head, grouped-query attention",
+        "hf:llama?num_hidden_layers=4&hidden_size=256&intermediate_size=688"
+        "&num_attention_heads=4&num_key_value_heads=2&vocab_size=8192", "1.6gbit"),
+    "mixtral": ZooArchitecture(
+        "decoder with mixture-of-experts layers (4 experts, 2 per token)",
+        "hf:mixtral?num_hidden_layers=2&hidden_size=256&intermediate_size=512"
+        "&num_attention_heads=4&num_key_value_heads=2&num_local_experts=4"
+        "&num_experts_per_tok=2&vocab_size=8192", "2.5gbit"),
+    "t5": ZooArchitecture(
+        "encoder-decoder, relative positions",
+        "hf:t5?num_layers=3&d_model=256&d_ff=1024&num_heads=4&d_kv=64&vocab_size=8192", "1gbit"),
+    "bart": ZooArchitecture(
+        "encoder-decoder, one embedding shared by encoder, decoder and head",
+        "hf:bart?encoder_layers=3&decoder_layers=3&d_model=256&encoder_ffn_dim=1024"
+        "&decoder_ffn_dim=1024&encoder_attention_heads=4&decoder_attention_heads=4"
+        "&vocab_size=8192", "1gbit"),
+    "vit": ZooArchitecture(
+        "vision transformer, 64x64 images in 8x8 patches",
+        "hf:vit?num_hidden_layers=6&hidden_size=256&intermediate_size=1024"
+        "&num_attention_heads=4&image_size=64&patch_size=8", "1gbit"),
+    "mobilenet_v2": ZooArchitecture(
+        "CNN of many small layers (depthwise convolutions)", "hf:mobilenet_v2?image_size=96",
+        "600mbit"),
 }
 ZOO_BATCH = 4
 
@@ -491,7 +508,7 @@ def _zoo_rate_knob(name: str) -> str:
 
 def _zoo_runs(knobs: Knobs) -> list[Launch]:
     runs = [] if knobs["REPORT_ONLY"] == "1" else [
-        compare_run(ZOO_MODELS[name][1], ZOO_BATCH, knobs, name, ZOO_CANDIDATES,
+        compare_run(ZOO_MODELS[name].spec, ZOO_BATCH, knobs, name, ZOO_CANDIDATES,
                     rate=knobs[_zoo_rate_knob(name)], rounds=int(knobs["ROUNDS"]), steps=4,
                     warmup=8)
         for name in _zoo_models(knobs)]
@@ -504,7 +521,7 @@ ZOO = Job("zoo", "eight architectures nobody tuned for, from transformers config
           "against hvd and DDP, with the floor",
           {"OUT": "benchmarks/zoo", "MODELS": " ".join(ZOO_MODELS), "ROUNDS": "4",
            "REPORT_ONLY": "0",
-           **{_zoo_rate_knob(name): rate for name, (_, _, rate) in ZOO_MODELS.items()}},
+           **{_zoo_rate_knob(name): arch.rate for name, arch in ZOO_MODELS.items()}},
           _zoo_runs, knob_names=("MODELS", "ROUNDS",
                                  *(_zoo_rate_knob(name) for name in ZOO_MODELS)))
 

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .bench_jobs import ZOO_MODELS, results_section
+from .bench_jobs import ZOO_BATCH, ZOO_MODELS, results_section
 
 COMMSCHED = "commsched:"
 AUTO = "commsched:auto"
@@ -41,7 +41,7 @@ class ArchitectureRow:
     slowest_vs_hvd: float
     auto_vs_hvd: float | None
     auto_vs_fastest: float | None  # against the fastest commsched candidate other than auto
-    noise: float  # hvd's spread: (p90 - p10) / median of its round medians
+    noise: float  # hvd's spread: (slowest - fastest) / median of its round medians
     cpu_busy: float | None
 
     def misses(self) -> list[str]:
@@ -84,7 +84,7 @@ def architecture_row(name: str, document: dict[str, Any]) -> ArchitectureRow:
     fastest_other = min(others, key=lambda r: r["median_ms"]) if others else None
     ddp = rows.get("torch-ddp")
     return ArchitectureRow(
-        name=name, kind=ZOO_MODELS[name][0] if name in ZOO_MODELS else "",
+        name=name, kind=ZOO_MODELS[name].kind if name in ZOO_MODELS else "",
         link=document["meta"].get("network", ""), hvd_ms=rows["hvd"]["median_ms"],
         hvd_waits=bound.get("hvd_waiting_fraction"),
         ddp_vs_hvd=None if ddp is None else ddp["vs_hvd"],
@@ -173,13 +173,13 @@ def main(argv: list[str] | None = None) -> int:
              f"Command: `{args.command}` (each architecture one `compare` job under "
              "`horovodrun -np 2 --gloo`, inside a network namespace whose loopback is shaped; "
              "scripts/netem.sh).", "",
-             f"Every policy at its defaults, batch {4} per rank, SGD with momentum, reduced "
-             "inputs. Median iteration time of the slowest rank; candidates interleaved round "
-             "by round within each job, so each ratio is read against the `hvd` of its own "
+             f"Every policy at its defaults, batch {ZOO_BATCH} per rank, SGD with momentum, "
+             "reduced inputs. Median iteration time of the slowest rank; candidates interleaved "
+             "round by round within each job, so each ratio is read against the `hvd` of its own "
              "job. `hvd spread` is the range of hvd's round medians over their median: a "
              "difference smaller than it is within this machine's noise. Each architecture's "
-             "link is set so that hvd waits about half its iteration; `hvd waits` is what "
-             "the run itself measured against `local (no comm)`.", "",
+             "link is set so that hvd waits about half its iteration; `hvd waits` is what the run "
+             "itself measured against `local (no comm)`.", "",
              f"Targets: best at most {BEST_VS_HVD}x hvd and {BEST_VS_FLOOR}x the floor, no "
              f"policy above {SLOWEST}x hvd, `auto` within {AUTO_VS_FASTEST - 1:.0%} of the "
              f"fastest. Met on every target: {', '.join(met) or 'none'} of {len(rows)}.", "",

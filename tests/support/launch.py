@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,11 +54,18 @@ def run_tag() -> str:
     return f"pytest-{os.getpid()}"
 
 
-def left_running(script: str, tag: str) -> list[str]:
-    """The processes still running `script` with `tag` among their arguments (pgrep -af)."""
-    out = subprocess.run(["pgrep", "-af", script], capture_output=True, text=True,
-                         check=False).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line and tag in line.split()]
+def left_running(script: str, tag: str, grace_s: float = 10.0) -> list[str]:
+    """The processes still running `script` with `tag` among their arguments (pgrep -af) once
+    up to `grace_s` have passed for the launcher's own clean-up; [] as soon as none is."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        out = subprocess.run(["pgrep", "-af", script], capture_output=True, text=True,
+                             check=False).stdout
+        left = [line for line in out.splitlines()
+                if "pgrep" not in line and tag in line.split()]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.5)
 
 
 def horovodrun(np: int, script: str, *script_args: str, timeout: float = 300,

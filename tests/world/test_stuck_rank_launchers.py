@@ -20,10 +20,6 @@ JOB = os.path.join(JOBS, "dead_rank_job.py")
 START_UP = 40.0  # the launcher, torch imports and rendezvous on a loaded 2-core machine
 
 
-def _leftovers() -> list[str]:
-    return left_running(JOB, run_tag())
-
-
 CASES = [("horovodrun", "horovod"), ("torchrun", "bytescheduler")]
 
 
@@ -54,7 +50,5 @@ def test_stuck_rank_fails_the_job_naming_it(stuck_jobs: dict, launcher: str,
     assert "finished although" not in result.stdout
     assert elapsed < START_UP + TIMEOUT + 10, (elapsed, result.stdout[-3000:])
     # Both jobs have ended (the fixture waited for them): no process of either is left.
-    deadline = time.monotonic() + 10
-    while _leftovers() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _leftovers(), _leftovers()
+    left = left_running(JOB, run_tag())
+    assert not left, left
