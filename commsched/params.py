@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.nn.modules.module import register_module_module_registration_hook
 from torch.nn.parallel import DistributedDataParallel
 
 _REDUCED_TWICE = (
@@ -18,34 +20,39 @@ _REDUCED_TWICE = (
     "its parameters, and let commsched reduce, or keep DDP with the plain optimizer")
 
 
-def refuse_data_parallel(model: torch.nn.Module | None, params: list[torch.Tensor]) -> None:
-    """Raises ValueError where `model`, or the module holding `params`, is wrapped in DDP.
+# Note [Finding DDP wrappers]
+# A DistributedDataParallel wrapper reduces every gradient of its module in backward, so an
+# optimizer over those parameters must be refused, even when only the parameters are given.
+# Nothing on a parameter says that DDP holds it: the wrappers are found from the other side.
+# Every wrapper assigns its module in __init__ (`self.module = module`), which passes through
+# torch's module-registration hook common to all modules: registered when this module is
+# imported, it keeps each wrapper made from then on in a weak set. Wrappers made before the
+# import are found once, by one scan of the heap at the first check that needs it. That scan
+# reads every object of the process (hundreds of thousands once torch is imported, twice as
+# many with dynamo), which every DistributedOptimizer used to pay. In the scan type(), not
+# isinstance(): isinstance() asks a dead weak proxy for its class and raises. The hook sees
+# only modules, for which isinstance() is safe.
+class _DataParallelWrappers:
+    """Every live DistributedDataParallel of this process (Note [Finding DDP wrappers])."""
 
-    Such a wrapper exists only beside an initialised process group, so without one nothing is
-    looked for; with one, the live DDP wrappers are found once, at wrap time.
-    """
-    if model is not None:
-        inside = [name or "the model" for name, module in model.named_modules()
-                  if isinstance(module, DistributedDataParallel)]
-        if inside:
-            raise ValueError(f"commsched: model= is (or holds, as {inside[0]!r}) torch's "
-                             f"DistributedDataParallel, {_REDUCED_TWICE}")
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    # The heap holds hundreds of thousands of objects once torch is imported: first the set of
-    # their types, made in C, and only where a DDP class is among them a second pass for its
-    # instances. issubclass() on every object, through DDP's ABC base, took far longer.
-    # type(), not isinstance(): isinstance() asks a dead weak proxy for its class and raises.
-    heap = gc.get_objects()
-    wrappers = set(map(type, heap)) & _subclasses(DistributedDataParallel)
-    if not wrappers:
-        return
-    ids = {id(p) for p in params}
-    for obj in heap:
-        if type(obj) in wrappers and any(id(p) in ids for p in obj.module.parameters()):
-            raise ValueError("commsched: the parameters given to DistributedOptimizer belong to "
-                             "a module wrapped in torch's DistributedDataParallel, "
-                             + _REDUCED_TWICE)
+    def __init__(self) -> None:
+        self._made: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._heap_scanned = False  # the wrappers made before this module was imported
+        register_module_module_registration_hook(self._on_register)
+
+    def _on_register(self, parent: torch.nn.Module, name: str,
+                     child: torch.nn.Module | None) -> None:
+        if isinstance(parent, DistributedDataParallel):
+            self._made.add(parent)
+
+    def live(self) -> list[torch.nn.Module]:
+        if not self._heap_scanned:
+            heap = gc.get_objects()
+            kinds = set(map(type, heap)) & _subclasses(DistributedDataParallel)
+            if kinds:
+                self._made.update(obj for obj in heap if type(obj) in kinds)
+            self._heap_scanned = True
+        return list(self._made)
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -58,6 +65,32 @@ def _subclasses(cls: type) -> set[type]:
                 found.add(sub)
                 pending.append(sub)
     return found
+
+
+_WRAPPERS = _DataParallelWrappers()
+
+
+def refuse_data_parallel(model: torch.nn.Module | None, params: list[torch.Tensor]) -> None:
+    """Raises ValueError where `model`, or the module holding `params`, is wrapped in DDP.
+
+    Such a wrapper exists only beside an initialised process group, so without one nothing is
+    looked for (Note [Finding DDP wrappers]).
+    """
+    if model is not None:
+        inside = [name or "the model" for name, module in model.named_modules()
+                  if isinstance(module, DistributedDataParallel)]
+        if inside:
+            raise ValueError(f"commsched: model= is (or holds, as {inside[0]!r}) torch's "
+                             f"DistributedDataParallel, {_REDUCED_TWICE}")
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    ids = {id(p) for p in params}
+    for wrapper in _WRAPPERS.live():
+        module = cast(torch.nn.Module, wrapper.module)
+        if any(id(p) in ids for p in module.parameters()):
+            raise ValueError("commsched: the parameters given to DistributedOptimizer belong to "
+                             "a module wrapped in torch's DistributedDataParallel, "
+                             + _REDUCED_TWICE)
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
