@@ -23,6 +23,14 @@ may start it), so the recording runs in a child process started with it, and the
 optimizer's free-running step, which it would slow down, in another child without it; the
 parent only reads what they wrote. Their difference is the validation row's error: what
 blocking added, and what the profile misses.
+
+Note [A CPU step's share of its core]
+On a CPU device each child also records the fraction of its stepping time that its process was
+on a core (CPU time over wall time). The two children run one after the other, so a machine
+busy with other work may slow one and not the other: a wall-clock step times that work too.
+Each wall time times its share is the step's own CPU time, which compares the two children
+whatever else ran beside them (the test suite's second worker, say). On a GPU the host waits
+for the device, so the share means nothing there and is not used.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -77,8 +86,15 @@ def _setup(name: RealModel, device: torch.device, batch_size: int,
     return model, opt, (x.to(device), y.to(device))
 
 
+class SteppingTime(NamedTuple):
+    """How long a child's steps took, and how much of that its process was on a core."""
+
+    median_ms: float  # the median step, wall clock
+    cpu_share: float  # CPU time over wall time across the steps: the module Note on a share
+
+
 def plain_step_ms(name: RealModel, device: torch.device, batch_size: int, inputs: Inputs,
-                  warmup: int, steps: int) -> float:
+                  warmup: int, steps: int) -> SteppingTime:
     """The plain optimizer's median step, the device synchronised after each.
 
     Args:
@@ -90,7 +106,7 @@ def plain_step_ms(name: RealModel, device: torch.device, batch_size: int, inputs
         steps: timed steps.
 
     Returns:
-        Milliseconds.
+        The median step in milliseconds, and the share of the timed steps spent on a core.
     """
     model, opt, data = _setup(name, device, batch_size, inputs)
     step = _stepper(name, model, opt, data)
@@ -98,16 +114,18 @@ def plain_step_ms(name: RealModel, device: torch.device, batch_size: int, inputs
         step()
     _sync(device)
     times = []
+    cpu_start = time.process_time()
     for _ in range(steps):
         start = time.perf_counter()
         step()
         _sync(device)
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return SteppingTime(1e3 * statistics.median(times),
+                        (time.process_time() - cpu_start) / sum(times))
 
 
 def record_profile(name: RealModel, device: torch.device, batch_size: int, inputs: Inputs,
-                   steps: int) -> dict:
+                   steps: int) -> tuple[dict, float]:
     """`dear`'s end-of-run profile after `steps` steps in a world of one.
 
     Args:
@@ -118,19 +136,22 @@ def record_profile(name: RealModel, device: torch.device, batch_size: int, input
         steps: steps in all (the profiling steps among them).
 
     Returns:
-        The profile document (`python -m commsched simulate --profile` reads it).
+        The profile document (`python -m commsched simulate --profile` reads it), and the
+        share of the steps' time that the process was on a core.
     """
     model, opt, data = _setup(name, device, batch_size, inputs)
     wrapped = commsched.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                              model=model, policy="dear")
     step = _stepper(name, model, wrapped, data)
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
     for _ in range(steps):
         step()
         _sync(device)
+    cpu_share = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
     wrapped.flush()
     document: dict = wrapped.session.profile_document()
     wrapped.session.close()
-    return document
+    return document, cpu_share
 
 
 def _child(args: argparse.Namespace, role: str, blocking: bool) -> str:
@@ -182,18 +203,19 @@ def _as_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     device = torch.device(args.device)
     if args.plain_only:
-        ms = plain_step_ms(args.model, device, args.batch_size, args.inputs, args.warmup,
-                           args.timed)
-        print(json.dumps({"plain_ms": ms}))
+        timing = plain_step_ms(args.model, device, args.batch_size, args.inputs, args.warmup,
+                               args.timed)
+        print(json.dumps({"plain_ms": timing.median_ms, "cpu_share": timing.cpu_share}))
         return
     commsched.init()
-    document = record_profile(args.model, device, args.batch_size, args.inputs, args.steps)
+    document, cpu_share = record_profile(args.model, device, args.batch_size, args.inputs,
+                                         args.steps)
     commsched.shutdown()
     with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as handle:
         json.dump(document, handle)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" \
         else platform.processor() or "CPU"
-    print(json.dumps({"device_name": name}))
+    print(json.dumps({"device_name": name, "cpu_share": cpu_share}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     # start CUDA here, which is why they are children).
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     blocking = torch.device(args.device).type == "cuda"
-    plain_ms = float(_last_json(_child(args, "--plain-only", False))["plain_ms"])
-    device_name = str(_last_json(_child(args, "--record-only", blocking))["device_name"])
+    plain = _last_json(_child(args, "--plain-only", False))
+    plain_ms = float(plain["plain_ms"])
+    recorded = _last_json(_child(args, "--record-only", blocking))
+    device_name = str(recorded["device_name"])
     with open(os.path.join(args.out, "profile.json"), encoding="utf-8") as handle:
         compute_ms = 1e3 * profile_compute_s(profile_from_document(json.load(handle)))
     recording = {
@@ -224,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "batch_size": args.batch_size, "inputs": args.inputs.value,
         "steps": args.steps, "launch_blocking": blocking, "plain_ms": plain_ms,
         "profile_compute_ms": compute_ms, "error": abs(compute_ms - plain_ms) / plain_ms,
+        # The step as CPU time: see Note [A CPU step's share of its core].
+        "plain_cpu_share": float(plain["cpu_share"]),
+        "recording_cpu_share": float(recorded["cpu_share"]),
         "command": f"python -m {MODULE} " + " ".join(argv or sys.argv[1:])}
     with open(os.path.join(args.out, "recording.json"), "w", encoding="utf-8") as handle:
         json.dump(recording, handle, indent=1)

@@ -66,8 +66,14 @@ def test_the_recording_sets_the_profile_beside_the_plain_step(recorded: str) -> 
     assert (recording["model"], recording["batch_size"], recording["inputs"]) == \
         ("resnet50", 2, "reduced")
     # Same model, same batch, same core: the profile's forward, backward and update come to
-    # the plain step within a factor that only a missing part of the step would break.
-    assert 0.4 < compute_ms / recording["plain_ms"] < 2.5, recording
+    # the plain step within a factor that only a missing part of the step would break. Each
+    # as CPU time (Note [A CPU step's share of its core] in
+    # benchmarks/harness/device_profile.py): the suite's other worker may slow one child and
+    # not the other (seen: 864 ms against 225 ms in wall time).
+    assert recording["plain_cpu_share"] > 0 and recording["recording_cpu_share"] > 0, recording
+    ratio = (compute_ms * recording["recording_cpu_share"]) \
+        / (recording["plain_ms"] * recording["plain_cpu_share"])
+    assert 0.4 < ratio < 2.5, (ratio, recording)
 
 
 def test_the_report_shows_the_validation_row_and_the_sweep(recorded: str) -> None:
