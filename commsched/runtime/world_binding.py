@@ -82,6 +82,14 @@ class WorldBinding:
             prepare_file(config.profile, "COMMSCHED_PROFILE")
         if config.timeline:
             prepare_file(timeline_path(config.timeline, world.rank), "COMMSCHED_TIMELINE")
+        # Refused before the engine's group exists: a rank that raised and tore its group down
+        # while a peer was still connecting to it failed that peer's connect ("Connection
+        # closed by peer") instead of letting it raise the same error.
+        if config.shard_optimizer and world.size > 1 and self.routed:
+            raise ValueError(
+                "commsched: shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER) does not run "
+                f"with sparse gradients ({self.routed[0][0]!r}) yet: pass "
+                "sparse_as_dense=True to reduce them as dense ones")
         self.compressed = None if options.lossy is None else CompressedGradients(
             options.lossy, self.specs, self.params, world.size, world.rank)
         self._correct_momentum()
@@ -105,11 +113,6 @@ class WorldBinding:
             self.engine.register_comm_hook(LossyHook(
                 self.compressed, postscale / options.predivide, self.engine, self.lifecycle))
         if config.shard_optimizer and world.size > 1:
-            if self.routed:  # an elastic job refused sharding at wrap time (elastic.py)
-                raise ValueError(
-                    "commsched: shard_optimizer=True (COMMSCHED_SHARD_OPTIMIZER) does not run "
-                    f"with sparse gradients ({self.routed[0][0]!r}) yet: pass "
-                    "sparse_as_dense=True to reduce them as dense ones")
             self.lifecycle.sharded = ShardedState(self.base_cls, self.deferred.user, self.params,
                                                   world, postscale, self.engine)
 
